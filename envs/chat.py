@@ -1,0 +1,304 @@
+"""ChatEnv: the gymnasium base of every tokengym environment.
+
+Observations and actions are token ids. ``reset`` returns the prompt ids; ``step`` takes
+the assistant's ids and returns only what the environment appends after them (template
+glue, the new messages, the next generation prompt), so the concatenation of everything
+returned is exactly the token stream the policy is conditioned on. Subclasses only say
+what the environment answers (:meth:`ChatEnv.respond`); the base does all tokenizing.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.error import ResetNeeded
+
+from .conformance import Conformance, ConformanceError, ConformanceMode, Piece, check_conformance
+from .render import ChatRenderer, Message
+
+__all__ = ["AssistantTurn", "ChatEnv", "EnvResponse", "Prompt", "token_space"]
+
+ClosedBy = Literal["end_of_turn", "eos", "stop_string", "none"]
+
+
+def token_space(vocab_size: int) -> spaces.Sequence:
+    """The space of token-id sequences: ``Sequence(Discrete(vocab_size), stack=True)``."""
+    return spaces.Sequence(spaces.Discrete(vocab_size), stack=True)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The start of an episode: messages, the tools the template shows, and task data for rewards."""
+
+    messages: list[Message]
+    tools: list[Any] | None = None
+    task: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AssistantTurn:
+    """One assistant turn as the environment sees it."""
+
+    turn: int
+    ids: np.ndarray
+    text: str
+    """Decoded content, without the closing end-of-turn token."""
+    closed_by: ClosedBy
+    messages: list[Message]
+    """The conversation so far, this assistant message last."""
+
+    @property
+    def message(self) -> Message:
+        return self.messages[-1]
+
+
+@dataclass
+class EnvResponse:
+    """What the environment answers to an assistant turn."""
+
+    messages: list[Message] = field(default_factory=list)
+    """Appended after the assistant message (tool results, a user reply)."""
+    reward: float = 0.0
+    done: bool = False
+    """The task is over (``terminated``); nothing more is tokenized."""
+    tool_calls: list[dict[str, Any]] | None = None
+    """Tool calls parsed from the assistant turn, shown to the template with the new messages."""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
+    """Base class for chat environments whose observations and actions are token ids.
+
+    Args:
+        tokenizer: tokenizer object, local folder, pinned name (``"qwen3"``) or hub name.
+        chat_template: overrides the tokenizer's template.
+        template_kwargs: template variables, e.g. ``{"enable_thinking": False}``.
+        max_turns: assistant turns before the episode is truncated.
+        max_context_tokens: the stream may not grow past this; truncated when the next
+            observation would not leave room for one more token.
+        max_action_tokens: the policy's per-turn token limit; an action of this length
+            that did not close its turn ends the episode (truncated, ``"action_length"``).
+        stop_strings: strings that end an assistant turn without its end-of-turn token; the
+            end-of-turn tokens then open the next observation (mask 0).
+        conformance: ``"warn"`` checks every turn against the template and reports in
+            ``info``; ``"strict"`` raises :class:`ConformanceError`; ``"off"`` skips the check.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        chat_template: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+        max_turns: int = 16,
+        max_context_tokens: int = 32768,
+        max_action_tokens: int | None = None,
+        stop_strings: Sequence[str] = (),
+        conformance: ConformanceMode = "warn",
+        render_mode: str | None = None,
+    ) -> None:
+        if conformance not in ("strict", "warn", "off"):
+            raise ValueError(f"conformance must be 'strict', 'warn' or 'off', got {conformance!r}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.renderer = (
+            tokenizer
+            if isinstance(tokenizer, ChatRenderer)
+            else ChatRenderer(tokenizer, chat_template=chat_template, template_kwargs=template_kwargs)
+        )
+        self.max_turns = max_turns
+        self.max_context_tokens = max_context_tokens
+        self.max_action_tokens = max_action_tokens
+        self.stop_strings = tuple(stop_strings)
+        self.conformance_mode: ConformanceMode = conformance
+        self.render_mode = render_mode
+        self.observation_space = token_space(self.renderer.vocab_size)
+        self.action_space = token_space(self.renderer.vocab_size)
+        self._pieces: list[Piece] | None = None
+        self._done = False
+
+    # ----------------------------------------------------------------- hooks
+    def make_prompt(self, options: dict[str, Any]) -> Prompt:
+        """The episode's opening messages. Use ``self.np_random`` for anything random."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement make_prompt(), or reset with options={{'messages': [...]}}"
+        )
+
+    def respond(self, turn: AssistantTurn) -> EnvResponse:
+        """The environment's answer to an assistant turn."""
+        raise NotImplementedError(f"{type(self).__name__} must implement respond()")
+
+    # ------------------------------------------------------------ properties
+    @property
+    def tokenizer(self) -> Any:
+        return self.renderer.tokenizer
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """Token ids a policy should stop generating on."""
+        return self.renderer.stop_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        """Length of the token stream so far."""
+        return sum(len(p.ids) for p in self._pieces or ())
+
+    @property
+    def messages(self) -> list[Message]:
+        """The conversation so far (assistant turns as the decoded text of their tokens)."""
+        return copy.deepcopy(self._messages) if self._pieces is not None else []
+
+    # ------------------------------------------------------------- gymnasium
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        opts = dict(options or {})
+        if "messages" in opts:
+            prompt = Prompt(list(opts["messages"]), opts.get("tools"), dict(opts.get("task", {})))
+        else:
+            prompt = self.make_prompt(opts)
+        rendered = self.renderer.prompt(prompt.messages, prompt.tools)
+        if len(rendered.ids) >= self.max_context_tokens:
+            raise ValueError(
+                f"the prompt has {len(rendered.ids)} tokens, which leaves no room under "
+                f"max_context_tokens={self.max_context_tokens}"
+            )
+        self._prompt = prompt
+        self._tools = prompt.tools
+        self._messages: list[Message] = copy.deepcopy(prompt.messages)
+        self._pieces = [Piece("prompt", 0, tuple(rendered.ids), rendered.text, has_user=True)]
+        self._turn = 0
+        self._done = False
+        self._conformance: list[Conformance] = []
+        info = {
+            "messages": copy.deepcopy(prompt.messages),
+            "tools": copy.deepcopy(prompt.tools),
+            "task": copy.deepcopy(prompt.task),
+            "num_tokens": len(rendered.ids),
+            "remaining_context": self.max_context_tokens - len(rendered.ids),
+        }
+        return np.array(rendered.ids, dtype=np.int64), info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self._pieces is None:
+            raise ResetNeeded("call reset() before step()")
+        if self._done:
+            raise ResetNeeded("the episode is over; call reset() before step()")
+        ids = self.validate_action(action)
+        turn = self._turn
+        content_ids, closed_by = self._split_closing(ids)
+        text = self.renderer.decode(content_ids)
+        assistant: Message = {"role": "assistant", "content": text}
+        self._pieces.append(Piece("action", turn, tuple(int(i) for i in ids), self.renderer.decode(ids)))
+        self._messages.append(assistant)
+
+        stop_reason: str | None = None
+        if closed_by == "none" and self.max_action_tokens is not None and len(ids) >= self.max_action_tokens:
+            response = EnvResponse()
+            stop_reason = "action_length"
+        else:
+            response = self.respond(
+                AssistantTurn(turn, ids.copy(), text, closed_by, copy.deepcopy(self._messages))
+            )
+            if response.done:
+                stop_reason = "done"
+            elif turn + 1 >= self.max_turns:
+                stop_reason = "max_turns"
+
+        obs_ids: list[int] = []
+        if stop_reason is None:
+            new = [dict(m) for m in response.messages]
+            obs = self.renderer.observation(
+                new, self._tools, assistant_tool_calls=response.tool_calls, closed=closed_by in ("end_of_turn", "eos")
+            )
+            if self.num_tokens + len(obs.ids) >= self.max_context_tokens:
+                stop_reason = "context_length"
+            else:
+                obs_ids = obs.ids
+                has_user = any(m.get("role") == "user" for m in new)
+                self._pieces.append(Piece("observation", turn, tuple(obs_ids), obs.text, has_user=has_user))
+                self._messages.extend(copy.deepcopy(new))
+
+        done = stop_reason is not None
+        conformance = self._check(turn, final=done)
+        self._turn += 1
+        self._done = done
+        terminated = stop_reason == "done"
+        info: dict[str, Any] = {
+            "turn": turn,
+            "assistant": dict(assistant),
+            "closed_by": closed_by,
+            "messages": copy.deepcopy(response.messages),
+            "tool_calls": copy.deepcopy(response.tool_calls),
+            "conformance": conformance,
+            "num_tokens": self.num_tokens,
+            "num_action_tokens": len(ids),
+            "remaining_context": self.max_context_tokens - self.num_tokens,
+            **copy.deepcopy(response.info),
+        }
+        if done:
+            info["stop_reason"] = stop_reason
+        return np.array(obs_ids, dtype=np.int64), float(response.reward), terminated, done and not terminated, info
+
+    def render(self) -> str | None:
+        """``"ansi"``: the stream's text with segment markers."""
+        if self.render_mode != "ansi" or self._pieces is None:
+            return None
+        return "".join(f"\x1b[{'32' if p.kind == 'action' else '90'}m{p.text}\x1b[0m" for p in self._pieces)
+
+    # ------------------------------------------------------------- internals
+    def validate_action(self, action: Any) -> np.ndarray:
+        """The action as a 1-D int64 array of in-vocabulary ids, or a ValueError that says what is wrong."""
+        try:
+            arr = np.asarray(action)
+        except Exception as err:  # ragged lists and the like
+            raise ValueError(f"the action must be a 1-D sequence of token ids: {err}") from err
+        if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"the action must hold integer token ids, got dtype {arr.dtype}")
+        if arr.ndim != 1:
+            raise ValueError(f"the action must be a 1-D array of token ids, got shape {arr.shape}")
+        if arr.size == 0:
+            raise ValueError("the action is empty: a policy turn must produce at least one token")
+        bad = np.flatnonzero((arr < 0) | (arr >= self.renderer.vocab_size))
+        if bad.size:
+            raise ValueError(
+                f"the action has token ids outside the vocabulary [0, {self.renderer.vocab_size}): "
+                f"{arr[bad[:5]].tolist()} at positions {bad[:5].tolist()}"
+            )
+        return arr.astype(np.int64, copy=True)
+
+    def _split_closing(self, ids: np.ndarray) -> tuple[np.ndarray, ClosedBy]:
+        end = self.renderer.turn_end_ids
+        if end and len(ids) >= len(end) and tuple(ids[-len(end) :].tolist()) == end:
+            return ids[: -len(end)], "end_of_turn"
+        if int(ids[-1]) in self.renderer.stop_token_ids:
+            return ids[:-1], "eos"
+        if self.stop_strings:
+            tail = self.renderer.decode(ids[-64:])
+            if any(tail.endswith(s) for s in self.stop_strings):
+                return ids, "stop_string"
+        return ids, "none"
+
+    def _check(self, turn: int, *, final: bool) -> Conformance:
+        if self.conformance_mode == "off":
+            result = Conformance(turn=turn, status="off")
+        else:
+            assert self._pieces is not None
+            result = check_conformance(
+                self.renderer, self._messages, self._tools, self._pieces, turn=turn, final=final
+            )
+            if self.conformance_mode == "strict" and not result.ok:
+                raise ConformanceError(result)
+        self._conformance.append(result)
+        return result

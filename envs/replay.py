@@ -1,0 +1,146 @@
+"""Replay: an environment that plays back a recorded transcript.
+
+Its observations are the transcript's non-assistant messages, in order, whatever the
+policy does. Feeding it the transcript's own assistant turns (:meth:`ReplayEnv.reference_action`)
+turns an existing OpenAI-style transcript into a token trajectory, and checks a chat
+template against a real multi-turn tool conversation.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt
+from .render import Message
+
+__all__ = ["ReplayEnv", "Transcript", "example_transcript", "load_transcript", "normalize_message"]
+
+Transcript = dict[str, Any]
+
+
+def normalize_message(message: Mapping[str, Any]) -> Message:
+    """A copy with tool-call arguments as objects (templates ``tojson`` them) and ``None`` keys dropped."""
+    out = {k: copy.deepcopy(v) for k, v in message.items() if v is not None}
+    calls = out.get("tool_calls")
+    if calls:
+        for call in calls:
+            fn = call.get("function", call)
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                try:
+                    fn["arguments"] = json.loads(args)
+                except json.JSONDecodeError:
+                    pass  # keep what the transcript says: the template renders it as given
+    return out
+
+
+def load_transcript(source: str | PathLike[str] | Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Transcript:
+    """Read ``{"messages": [...], "tools": [...]}`` or a bare message list, from a file or an object."""
+    if isinstance(source, (str, PathLike)):
+        path = Path(source)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from err
+    else:
+        data = source
+    if isinstance(data, Mapping):
+        messages, tools = data.get("messages"), data.get("tools")
+    else:
+        messages, tools = data, None
+    if not isinstance(messages, Sequence) or not messages:
+        raise ValueError("a transcript needs a non-empty list of messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or "role" not in m:
+            raise ValueError(f"message {i} has no role: {m!r}")
+    normalized = [normalize_message(m) for m in messages]
+    roles = [m["role"] for m in normalized]
+    if "assistant" not in roles:
+        raise ValueError("a transcript needs at least one assistant message to replay")
+    if roles.index("assistant") == 0:
+        raise ValueError("a transcript must open with at least one non-assistant message")
+    return {"messages": normalized, "tools": copy.deepcopy(list(tools)) if tools else None}
+
+
+def example_transcript() -> Transcript:
+    """The shipped example: parallel tool calls, several turns, a user follow-up, reasoning."""
+    text = resources.files("tokengym.envs").joinpath("data/example_transcript.json").read_text(encoding="utf-8")
+    return load_transcript(json.loads(text))
+
+
+class ReplayEnv(ChatEnv):
+    """Plays back a transcript: the prompt is everything before the first assistant message;
+    each step answers with the messages that follow the next assistant message.
+
+    Args:
+        tokenizer: as for :class:`ChatEnv`.
+        transcript: a path, a ``{"messages", "tools"}`` dict or a message list; the shipped
+            example when omitted. ``reset(options={"transcript": ...})`` replaces it per episode.
+        tools: overrides the transcript's tools.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        transcript: str | PathLike[str] | Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._default = example_transcript() if transcript is None else load_transcript(transcript)
+        if tools is not None:
+            self._default["tools"] = copy.deepcopy(list(tools))
+        kwargs.setdefault("max_turns", max(16, self._count_assistant(self._default)))
+        super().__init__(tokenizer, **kwargs)
+        self._transcript = self._default
+
+    @staticmethod
+    def _count_assistant(transcript: Transcript) -> int:
+        return sum(m["role"] == "assistant" for m in transcript["messages"])
+
+    @property
+    def transcript(self) -> Transcript:
+        return copy.deepcopy(self._transcript)
+
+    def make_prompt(self, options: dict[str, Any]) -> Prompt:
+        self._transcript = load_transcript(options["transcript"]) if "transcript" in options else self._default
+        msgs = self._transcript["messages"]
+        first = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+        # Assistant positions and the messages that answer each of them.
+        self._assistant_at = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+        return Prompt(copy.deepcopy(msgs[:first]), copy.deepcopy(self._transcript["tools"]))
+
+    def reference_message(self, turn: int | None = None) -> Message:
+        """The transcript's assistant message for ``turn`` (the current turn by default)."""
+        k = self._turn if turn is None else turn
+        if not 0 <= k < len(self._assistant_at):
+            raise IndexError(f"the transcript has {len(self._assistant_at)} assistant turns, not {k + 1}")
+        return copy.deepcopy(self._transcript["messages"][self._assistant_at[k]])
+
+    def reference_action(self, turn: int | None = None) -> np.ndarray:
+        """The token ids the model would emit for the transcript's assistant message of ``turn``."""
+        rendered = self.renderer.assistant(self.reference_message(turn), self._transcript["tools"])
+        return np.array(rendered.ids, dtype=np.int64)
+
+    def respond(self, turn: AssistantTurn) -> EnvResponse:
+        msgs = self._transcript["messages"]
+        if turn.turn >= len(self._assistant_at):
+            return EnvResponse(done=True, info={"replay": "transcript exhausted"})
+        start = self._assistant_at[turn.turn] + 1
+        end = self._assistant_at[turn.turn + 1] if turn.turn + 1 < len(self._assistant_at) else len(msgs)
+        last = turn.turn + 1 >= len(self._assistant_at)
+        calls = msgs[self._assistant_at[turn.turn]].get("tool_calls")
+        return EnvResponse(
+            messages=copy.deepcopy(msgs[start:end]) if not last else [],
+            done=last,
+            tool_calls=copy.deepcopy(calls),
+            info={"replay_trailing": copy.deepcopy(msgs[start:end])} if last and start < end else {},
+        )

@@ -1,0 +1,202 @@
+"""The ``tokengym`` command line.
+
+``tokengym check-template`` tells in seconds whether a tokenizer's chat template can be
+used token-faithfully for a real conversation, turn by turn; ``tokengym demo`` records a
+multi-turn tool episode and shows its tokens and masks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["main"]
+
+
+def _color(enabled: bool):
+    def paint(text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if enabled else text
+
+    return paint
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def _template_kwargs(items: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--template-kwarg expects KEY=JSON, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def replay_transcript(env: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """Step a reset ReplayEnv (inside a RecordEpisodes wrapper) with its reference actions to the end."""
+    rows = []
+    done = False
+    info: dict[str, Any] = {}
+    while not done:
+        action = env.unwrapped.reference_action()
+        obs, _, term, trunc, info = env.step(action)
+        done = term or trunc
+        rows.append({"turn": info["turn"], "action": len(action), "observation": len(obs), "conformance": info["conformance"]})
+    return info.get("trajectory"), rows
+
+
+def cmd_check_template(args: argparse.Namespace) -> int:
+    from tokengym.envs import ReplayEnv, load_transcript
+    from tokengym.recorder import RecordEpisodes
+
+    transcript = load_transcript(args.conversation)
+    if args.tools:
+        transcript["tools"] = json.loads(Path(args.tools).read_text(encoding="utf-8"))
+    template = Path(args.chat_template).read_text(encoding="utf-8") if args.chat_template else None
+    env = RecordEpisodes(
+        ReplayEnv(
+            args.tokenizer,
+            transcript,
+            chat_template=template,
+            template_kwargs=_template_kwargs(args.template_kwarg),
+            conformance="warn",
+            max_context_tokens=args.max_context_tokens,
+        )
+    )
+    env.reset(seed=0)
+    traj, rows = replay_transcript(env)
+    paint = _color(sys.stdout.isatty())
+    colors = {"ok": "32", "known": "33", "mismatch": "31"}
+    table = []
+    for r in rows:
+        c = r["conformance"]
+        detail = c.detail if c.status == "mismatch" else ", ".join(c.behaviours)
+        table.append([r["turn"], r["action"], r["observation"], paint(c.status, colors.get(c.status, "0")), detail])
+    print(_table(table, ["turn", "action tokens", "observation tokens", "status", "known behaviour / difference"]))
+    summary = traj.conformance_summary if traj is not None else {}
+    print(
+        f"\n{len(traj) if traj is not None else 0} tokens, {len(rows)} turns: {summary.get('ok', 0)} ok, "
+        f"{summary.get('known', 0)} known template behaviour, {summary.get('mismatch', 0)} mismatch"
+    )
+    if summary.get("behaviours"):
+        print(
+            "known behaviours are reported, not errors: the stream keeps the tokens the policy saw "
+            f"({', '.join(summary['behaviours'])})"
+        )
+    return 1 if summary.get("mismatch", 0) else 0
+
+
+def cmd_fetch_tokenizers(args: argparse.Namespace) -> int:
+    from tokengym.envs import PINNED_TOKENIZERS, fetch_tokenizer
+
+    for name in args.names or sorted(PINNED_TOKENIZERS):
+        print(f"{name}: {fetch_tokenizer(name, force=args.force)}")
+    return 0
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    import gymnasium as gym
+
+    from tokengym.envs import registered_envs
+
+    for env_id in registered_envs():
+        entry = gym.spec(env_id).entry_point
+        doc = ""
+        if isinstance(entry, str):
+            module, _, name = entry.partition(":")
+            cls = getattr(__import__(module, fromlist=[name]), name)
+            doc = (cls.__doc__ or "").strip().splitlines()[0]
+        print(f"{env_id:28s} {doc}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import gymnasium as gym
+
+    import tokengym.envs  # noqa: F401  (registers the tokengym/ envs)
+    from tokengym.recorder import RecordEpisodes
+
+    env = RecordEpisodes(gym.make("tokengym/Replay-v0", tokenizer=args.tokenizer))
+    env.reset(seed=args.seed)
+    traj, rows = replay_transcript(env)
+    tok = env.unwrapped.tokenizer
+    paint = _color(sys.stdout.isatty() and not args.no_color)
+    print(f"Replayed the example tool transcript on the real {args.tokenizer} chat template.\n")
+    print("Token stream (policy tokens, mask 1, in green; prompt and observations, mask 0, in grey):\n")
+    for seg in traj.segments:
+        text = tok.decode(seg.token_ids.tolist(), skip_special_tokens=False)
+        print(paint(text, "32" if seg.kind.value == "action" else "90"), end="")
+    print("\n")
+    table = [
+        [r["turn"], r["action"], r["observation"], r["conformance"].status, ", ".join(r["conformance"].behaviours)]
+        for r in rows
+    ]
+    print(_table(table, ["turn", "action tokens", "observation tokens", "conformance", "known behaviour"]))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "trajectories.jsonl"
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(traj.to_dict()) + "\n")
+    mask = traj.mask
+    print(
+        f"\n1 episode, {len(traj)} tokens ({int(mask.sum())} policy, {int((mask == 0).sum())} context), "
+        f"{traj.num_turns} turns, stop reason {traj.stop_reason}; appended to {path}"
+    )
+    print(f"next: tokengym check-template {args.tokenizer} --conversation YOUR_TRANSCRIPT.json")
+    return 0 if np.all(mask[: traj.prompt_len] == 0) else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tokengym", description="Token-in/token-out gymnasium environments for LLM agents.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("check-template", help="replay a transcript and check the chat template turn by turn")
+    c.add_argument("tokenizer", help="local folder, pinned name (qwen3, qwen2.5) or hub name")
+    c.add_argument("--conversation", required=True, help="JSON: a message list or {'messages': [...], 'tools': [...]}")
+    c.add_argument("--tools", help="JSON file with the tool schemas (overrides the conversation's)")
+    c.add_argument("--chat-template", help="Jinja file that replaces the tokenizer's template")
+    c.add_argument("--template-kwarg", action="append", default=[], metavar="KEY=JSON", help="e.g. enable_thinking=false")
+    c.add_argument("--max-context-tokens", type=int, default=1 << 20)
+    c.set_defaults(func=cmd_check_template)
+
+    f = sub.add_parser("fetch-tokenizers", help="fetch the pinned, checksummed test tokenizers into the cache")
+    f.add_argument("names", nargs="*", help="default: all")
+    f.add_argument("--force", action="store_true")
+    f.set_defaults(func=cmd_fetch_tokenizers)
+
+    e = sub.add_parser("envs", help="list the registered environments")
+    e.set_defaults(func=cmd_envs)
+
+    d = sub.add_parser("demo", help="record a multi-turn tool episode and show its tokens and masks")
+    d.add_argument("--tokenizer", default="qwen3")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--out", default="tokengym-runs", help="folder for trajectories.jsonl")
+    d.add_argument("--no-color", action="store_true")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ValueError, OSError, KeyError) as err:
+        print(f"tokengym {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

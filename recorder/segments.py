@@ -1,0 +1,77 @@
+"""Segments: the unit a trajectory is made of.
+
+A segment is a run of tokens from one source: the prompt, a policy action, or an
+environment observation. Only action tokens are trained on (mask 1); everything else is
+context (mask 0). Keeping the source explicit is what lets every batch layout be a pure
+view of the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+__all__ = ["Segment", "SegmentKind"]
+
+
+class SegmentKind(str, Enum):
+    PROMPT = "prompt"
+    ACTION = "action"
+    OBSERVATION = "observation"
+
+
+@dataclass(frozen=True, eq=False)
+class Segment:
+    """A run of tokens from one source.
+
+    ``logprobs`` exist only for action segments, one per token, when the policy gave them.
+    ``reward`` is the turn's reward, carried by the turn's action segment.
+    """
+
+    kind: SegmentKind
+    token_ids: np.ndarray
+    turn: int
+    logprobs: np.ndarray | None = None
+    reward: float = 0.0
+
+    def __post_init__(self) -> None:
+        ids = np.asarray(self.token_ids, dtype=np.int64).reshape(-1)
+        object.__setattr__(self, "kind", SegmentKind(self.kind))
+        object.__setattr__(self, "token_ids", ids)
+        ids.setflags(write=False)
+        if self.logprobs is not None:
+            if self.kind is not SegmentKind.ACTION:
+                raise ValueError(f"only action segments carry logprobs, not {self.kind.value} segments")
+            lp = np.asarray(self.logprobs, dtype=np.float32).reshape(-1)
+            if lp.shape != ids.shape:
+                raise ValueError(f"{len(lp)} logprobs for {len(ids)} action tokens")
+            lp.setflags(write=False)
+            object.__setattr__(self, "logprobs", lp)
+        if self.kind is not SegmentKind.ACTION and self.reward != 0.0:
+            raise ValueError("rewards belong to action segments")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def mask(self) -> np.ndarray:
+        """1 on policy tokens, 0 on everything else."""
+        return np.full(len(self.token_ids), 1 if self.kind is SegmentKind.ACTION else 0, dtype=np.int8)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Segment):
+            return NotImplemented
+        same_lp = (self.logprobs is None and other.logprobs is None) or (
+            self.logprobs is not None and other.logprobs is not None and np.array_equal(self.logprobs, other.logprobs)
+        )
+        return (
+            self.kind is other.kind
+            and self.turn == other.turn
+            and self.reward == other.reward
+            and np.array_equal(self.token_ids, other.token_ids)
+            and same_lp
+        )
+
+    __hash__ = None  # type: ignore[assignment]

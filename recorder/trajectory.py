@@ -1,0 +1,163 @@
+"""Trajectory: one episode as ordered segments, with the arrays a trainer needs.
+
+It never reorders, re-tokenizes or drops tokens: ``token_ids`` is the concatenation of
+the segments, which is exactly the stream the policy saw.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from .segments import Segment, SegmentKind
+
+__all__ = ["Trajectory", "summarize_conformance"]
+
+
+def summarize_conformance(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Counts per status, the known behaviours seen, and every mismatch's detail."""
+    statuses = Counter(r.get("status", "off") for r in results)
+    return {
+        "turns_checked": sum(n for s, n in statuses.items() if s != "off"),
+        "ok": statuses.get("ok", 0),
+        "known": statuses.get("known", 0),
+        "mismatch": statuses.get("mismatch", 0),
+        "behaviours": sorted({b for r in results for b in r.get("behaviours", ())}),
+        "mismatches": [r["detail"] for r in results if r.get("status") == "mismatch"],
+    }
+
+
+@dataclass(eq=False)
+class Trajectory:
+    """A recorded episode.
+
+    Attributes:
+        segments: prompt first, then per turn an action and (unless the episode ended) an observation.
+        conformance: the per-turn template check results, as dicts.
+        sampling: the sampling settings that produced the actions, when known.
+    """
+
+    segments: list[Segment]
+    env_id: str | None = None
+    seed: int | None = None
+    stop_reason: str | None = None
+    terminated: bool = False
+    truncated: bool = False
+    conformance: list[dict[str, Any]] = field(default_factory=list)
+    sampling: dict[str, Any] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        segs = self.segments
+        if not segs or segs[0].kind is not SegmentKind.PROMPT:
+            raise ValueError("a trajectory starts with exactly one prompt segment")
+        prev = segs[0]
+        for s in segs[1:]:
+            if s.kind is SegmentKind.PROMPT:
+                raise ValueError("a trajectory has only one prompt segment")
+            if s.kind is prev.kind:
+                raise ValueError(f"two {s.kind.value} segments in a row (turn {s.turn})")
+            if s.kind is SegmentKind.OBSERVATION and s.turn != prev.turn:
+                raise ValueError(f"observation of turn {s.turn} follows the action of turn {prev.turn}")
+            prev = s
+        turns = [s.turn for s in self.actions]
+        if turns != list(range(len(turns))):
+            raise ValueError(f"action turns must be 0, 1, 2, ...; got {turns}")
+
+    # ------------------------------------------------------------ structure
+    @property
+    def actions(self) -> list[Segment]:
+        return [s for s in self.segments if s.kind is SegmentKind.ACTION]
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.actions)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.segments[0])
+
+    def __len__(self) -> int:
+        return int(sum(len(s) for s in self.segments))
+
+    @cached_property
+    def offsets(self) -> np.ndarray:
+        """Start offset of each segment in ``token_ids`` (and the total length last)."""
+        return np.concatenate([[0], np.cumsum([len(s) for s in self.segments])]).astype(np.int64)
+
+    @property
+    def action_spans(self) -> list[tuple[int, int]]:
+        """``(start, end)`` of each action in ``token_ids``, in turn order."""
+        o = self.offsets
+        return [(int(o[i]), int(o[i + 1])) for i, s in enumerate(self.segments) if s.kind is SegmentKind.ACTION]
+
+    # --------------------------------------------------------------- arrays
+    @cached_property
+    def token_ids(self) -> np.ndarray:
+        return np.concatenate([s.token_ids for s in self.segments]).astype(np.int64)
+
+    @cached_property
+    def mask(self) -> np.ndarray:
+        """1 on policy tokens, 0 elsewhere (int8)."""
+        return np.concatenate([s.mask for s in self.segments])
+
+    @cached_property
+    def logprobs(self) -> np.ndarray:
+        """Rollout logprobs (float32); NaN where no logprob exists (masked tokens, or not given)."""
+        parts = [
+            s.logprobs if s.logprobs is not None else np.full(len(s), np.nan, dtype=np.float32)
+            for s in self.segments
+        ]
+        return np.concatenate(parts).astype(np.float32)
+
+    @property
+    def has_logprobs(self) -> bool:
+        """Every action carries logprobs."""
+        return bool(self.actions) and all(a.logprobs is not None for a in self.actions)
+
+    @property
+    def turn_rewards(self) -> np.ndarray:
+        return np.array([a.reward for a in self.actions], dtype=np.float32)
+
+    @property
+    def reward(self) -> float:
+        """The episode's return: the sum of the turn rewards."""
+        return float(self.turn_rewards.sum())
+
+    def context(self, turn: int) -> np.ndarray:
+        """The exact token ids the policy was prompted with for ``turn``."""
+        start, _ = self.action_spans[turn]
+        return self.token_ids[:start].copy()
+
+    @property
+    def conformance_summary(self) -> dict[str, Any]:
+        return summarize_conformance(self.conformance)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (token ids, mask, logprobs with null for missing, segments, metadata)."""
+        lp = self.logprobs
+        return {
+            "token_ids": self.token_ids.tolist(),
+            "mask": self.mask.tolist(),
+            "logprobs": [None if np.isnan(x) else float(x) for x in lp],
+            "segments": [
+                {"kind": s.kind.value, "start": int(self.offsets[i]), "end": int(self.offsets[i + 1]), "turn": s.turn}
+                for i, s in enumerate(self.segments)
+            ],
+            "turn_rewards": self.turn_rewards.tolist(),
+            "reward": self.reward,
+            "prompt_len": self.prompt_len,
+            "env_id": self.env_id,
+            "seed": self.seed,
+            "stop_reason": self.stop_reason,
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "conformance": self.conformance_summary,
+            "sampling": self.sampling,
+            "metadata": self.metadata,
+        }

@@ -1,0 +1,112 @@
+"""RecordEpisodes: a gymnasium wrapper that turns every episode into a :class:`Trajectory`.
+
+An RL library that drives a tokengym env through plain ``reset``/``step`` gets complete
+trajectories without any other glue: the prompt from ``reset``, each action, each
+observation, each reward, in order. A caller that has the action's logprobs passes them
+to ``step(action, logprobs=...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.error import ResetNeeded
+
+from .segments import Segment, SegmentKind
+from .trajectory import Trajectory
+
+__all__ = ["RecordEpisodes"]
+
+
+class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]):
+    """Records each episode; finished ones are in :attr:`trajectories` and in the final step's ``info["trajectory"]``.
+
+    Args:
+        env: any tokengym env (observations and actions are token ids).
+        on_episode: called with each finished trajectory (e.g. to write it to a store).
+        keep: keep finished trajectories in :attr:`trajectories` (drain with :meth:`pop_trajectories`).
+        sampling: sampling settings to record with every trajectory, when the caller knows them.
+    """
+
+    def __init__(
+        self,
+        env: gym.Env[np.ndarray, np.ndarray],
+        *,
+        on_episode: Callable[[Trajectory], None] | None = None,
+        keep: bool = True,
+        sampling: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(env)
+        self.on_episode = on_episode
+        self.keep = keep
+        self.sampling = dict(sampling) if sampling else None
+        self.trajectories: list[Trajectory] = []
+        self._segments: list[Segment] | None = None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._segments = [Segment(SegmentKind.PROMPT, np.array(obs, dtype=np.int64), 0)]
+        self._seed = seed
+        self._turn = 0
+        self._conformance: list[dict[str, Any]] = []
+        self._task = info.get("task")
+        return obs, info
+
+    def step(
+        self, action: Any, logprobs: Sequence[float] | np.ndarray | None = None
+    ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self._segments is None:
+            raise ResetNeeded("call reset() before step()")
+        ids = np.array(action, dtype=np.int64, copy=True) if np.asarray(action).dtype.kind in "iu" else None
+        if logprobs is not None and (ids is None or np.shape(logprobs) != ids.shape):
+            raise ValueError(
+                f"logprobs must have one value per action token: {np.shape(logprobs)} for action of shape "
+                f"{None if ids is None else ids.shape}"
+            )
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        assert ids is not None  # the env accepted the action, so it was integer ids
+        turn = int(info.get("turn", self._turn))
+        self._segments.append(Segment(SegmentKind.ACTION, ids, turn, logprobs=logprobs, reward=float(reward)))
+        if len(obs):
+            self._segments.append(Segment(SegmentKind.OBSERVATION, np.array(obs, dtype=np.int64), turn))
+        conf = info.get("conformance")
+        if conf is not None:
+            self._conformance.append(conf.as_dict() if hasattr(conf, "as_dict") else dict(conf))
+        self._turn = turn + 1
+        if terminated or truncated:
+            info["trajectory"] = self._finish(info, terminated, truncated)
+        return obs, reward, terminated, truncated, info
+
+    def _finish(self, info: dict[str, Any], terminated: bool, truncated: bool) -> Trajectory:
+        assert self._segments is not None
+        spec = self.env.spec
+        metadata: dict[str, Any] = {}
+        if self._task:
+            metadata["task"] = self._task
+        traj = Trajectory(
+            segments=self._segments,
+            env_id=spec.id if spec is not None else type(self.env.unwrapped).__name__,
+            seed=self._seed,
+            stop_reason=info.get("stop_reason", "terminated" if terminated else "truncated"),
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            conformance=self._conformance,
+            sampling=self.sampling,
+            metadata=metadata,
+        )
+        self._segments = None
+        if self.keep:
+            self.trajectories.append(traj)
+        if self.on_episode is not None:
+            self.on_episode(traj)
+        return traj
+
+    def pop_trajectories(self) -> list[Trajectory]:
+        """Finished trajectories since the last call; the list is emptied."""
+        out, self.trajectories = self.trajectories, []
+        return out

@@ -90,7 +90,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             ``info``; ``"strict"`` raises :class:`ConformanceError`; ``"off"`` skips the check.
     """
 
-    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(
         self,

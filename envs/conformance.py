@@ -125,6 +125,12 @@ def _known_variants(
     last_action = max((i for i, p in enumerate(pieces) if p.kind == "action"), default=-1)
     edits: list[tuple[KnownBehaviour, int, str]] = []
     for i, p in enumerate(pieces):
+        followed_by_action = i + 1 < len(pieces) and pieces[i + 1].kind == "action"
+        if p.kind != "action" and p.text.endswith(_EMPTY_THINK) and followed_by_action:
+            # enable_thinking=False: the empty block sits in the generation prompt, before the action
+            if not (final and i + 1 == last_action):
+                edits.append((KnownBehaviour.EMPTY_THINK_DROPPED, i, p.text[: -len(_EMPTY_THINK)]))
+            continue
         if p.kind != "action" or "</think>" not in p.text:
             continue
         if i < last_user:

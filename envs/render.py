@@ -268,17 +268,24 @@ class ChatRenderer:
         prefix = self.render_text([user], tools, add_generation_prompt=True)
 
         def cut(text: str) -> tuple[int, int]:
-            if not text.startswith(prefix):
-                raise TemplateError(
-                    "the template renders an assistant turn differently from its generation prompt; "
-                    "cannot derive the assistant's tokens"
-                )
+            if text.startswith(prefix):
+                start = len(prefix)
+            else:  # the template's opening depends on the conversation: find the turn's start itself
+                found = text.find(self.generation_prompt, text.find(SENTINEL_USER))
+                if found < 0 or not self.generation_prompt:
+                    raise TemplateError(
+                        "the template renders this assistant turn so that it does not start with the "
+                        f"generation prompt {self.generation_prompt!r}; cannot derive the assistant's tokens "
+                        "(a message with reasoning under enable_thinking=false does this: drop its "
+                        "reasoning_content or enable thinking)"
+                    )
+                start = found + len(self.generation_prompt)
             end = len(text)
             if self.turn_end_text:
                 found = text.rfind(self.turn_end_text)
-                if found < len(prefix):
+                if found < start:
                     raise TemplateError("the template did not close the assistant turn")
                 end = found + len(self.turn_end_text)
-            return len(prefix), end
+            return start, end
 
         return self._render_ids([user, message], tools, add_generation_prompt=False, cut=cut)

@@ -62,6 +62,8 @@ class Trajectory:
                 raise ValueError("a trajectory has only one prompt segment")
             if s.kind is prev.kind:
                 raise ValueError(f"two {s.kind.value} segments in a row (turn {s.turn})")
+            if s.kind is SegmentKind.OBSERVATION and prev.kind is not SegmentKind.ACTION:
+                raise ValueError("an observation must follow an action")
             if s.kind is SegmentKind.OBSERVATION and s.turn != prev.turn:
                 raise ValueError(f"observation of turn {s.turn} follows the action of turn {prev.turn}")
             prev = s

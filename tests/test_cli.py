@@ -1,0 +1,80 @@
+"""The tokengym command line on the real templates."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tokengym.envs import example_transcript
+from tokengym.recorder.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "envs" / "data" / "example_transcript.json"
+
+
+def test_check_template_passes_on_both_real_templates(tokenizer_name, capsys):
+    assert main(["check-template", tokenizer_name, "--conversation", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") >= 8 and "0 mismatch" in out
+    if tokenizer_name == "qwen3":
+        assert "reasoning_dropped" in out and "known template behaviour" in out
+
+
+def test_check_template_fails_on_a_non_conforming_template(tmp_path, capsys):
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "<|im_start|>system\n{{ messages | length }}<|im_end|>\n"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    msgs = [m for m in example_transcript()["messages"] if m["role"] in ("user", "assistant") and not m.get("tool_calls")]
+    conv = tmp_path / "conv.json"
+    conv.write_text(json.dumps(msgs))
+    assert main(["check-template", "qwen2.5", "--conversation", str(conv), "--chat-template", str(template)]) == 1
+    assert "mismatch" in capsys.readouterr().out
+
+
+def test_check_template_with_separate_tools_and_kwargs(tmp_path, capsys):
+    t = example_transcript()
+    plain = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in t["messages"]]
+    (tmp_path / "conv.json").write_text(json.dumps(plain))
+    (tmp_path / "tools.json").write_text(json.dumps(t["tools"]))
+    code = main([
+        "check-template", "qwen3", "--conversation", str(tmp_path / "conv.json"),
+        "--tools", str(tmp_path / "tools.json"), "--template-kwarg", "enable_thinking=false",
+    ])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "empty_think_dropped" in out and "0 mismatch" in out
+    # The same transcript with reasoning cannot follow a generation prompt that closed the think block.
+    (tmp_path / "conv.json").write_text(json.dumps(t["messages"]))
+    code = main([
+        "check-template", "qwen3", "--conversation", str(tmp_path / "conv.json"), "--template-kwarg", "enable_thinking=false",
+    ])
+    assert code == 2 and "reasoning_content" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, match", [("{not json", "not valid JSON"), ("[]", "non-empty"), ('[{"role": "user", "content": "x"}]', "assistant")])
+def test_check_template_bad_input_is_a_clear_error(tmp_path, capsys, content, match):
+    conv = tmp_path / "conv.json"
+    conv.write_text(content)
+    assert main(["check-template", "qwen2.5", "--conversation", str(conv)]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_demo_and_envs_as_a_user_runs_them(tmp_path):
+    out = tmp_path / "runs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokengym.recorder.cli", "demo", "--out", str(out), "--no-color"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "605 tokens" in proc.stdout and "5 turns" in proc.stdout
+    rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and len(rows[0]["token_ids"]) == len(rows[0]["mask"]) == 605
+    envs = subprocess.run([sys.executable, "-m", "tokengym.recorder.cli", "envs"], capture_output=True, text=True)
+    assert "tokengym/Replay-v0" in envs.stdout

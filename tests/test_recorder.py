@@ -1,0 +1,122 @@
+"""Segments, trajectories and the RecordEpisodes wrapper."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import tokengym.envs  # noqa: F401
+from tokengym.envs import ReplayEnv
+from tokengym.recorder import RecordEpisodes, Segment, SegmentKind, Trajectory
+
+
+def seg(kind, ids, turn=0, **kw):
+    return Segment(SegmentKind(kind), np.array(ids), turn, **kw)
+
+
+def test_segment_mask_and_validation():
+    a = seg("action", [1, 2, 3], logprobs=[-0.1, -0.2, -0.3], reward=1.0)
+    assert a.mask.tolist() == [1, 1, 1] and a.logprobs.dtype == np.float32
+    assert seg("observation", [4, 5]).mask.tolist() == [0, 0]
+    with pytest.raises(ValueError, match="2 logprobs for 3"):
+        seg("action", [1, 2, 3], logprobs=[0.0, 0.0])
+    with pytest.raises(ValueError, match="only action segments"):
+        seg("observation", [1], logprobs=[0.0])
+    with pytest.raises(ValueError, match="rewards belong"):
+        seg("prompt", [1], reward=1.0)
+    with pytest.raises(ValueError):
+        seg("reply", [1])
+    with pytest.raises(ValueError, match="read-only"):
+        a.token_ids[0] = 9
+
+
+def test_trajectory_arrays_are_views_of_the_segments():
+    t = Trajectory(
+        [
+            seg("prompt", [10, 11, 12]),
+            seg("action", [20, 21], 0, logprobs=[-1.0, -2.0], reward=0.5),
+            seg("observation", [30], 0),
+            seg("action", [40, 41, 42], 1, reward=1.0),
+        ]
+    )
+    assert t.token_ids.tolist() == [10, 11, 12, 20, 21, 30, 40, 41, 42]
+    assert t.mask.tolist() == [0, 0, 0, 1, 1, 0, 1, 1, 1]
+    assert t.logprobs[3:5].tolist() == [-1.0, -2.0] and np.isnan(t.logprobs[[0, 5, 6]]).all()
+    assert t.prompt_len == 3 and t.num_turns == 2 and len(t) == 9
+    assert t.action_spans == [(3, 5), (6, 9)]
+    assert t.context(1).tolist() == [10, 11, 12, 20, 21, 30]
+    assert t.turn_rewards.tolist() == [0.5, 1.0] and t.reward == 1.5
+    assert not t.has_logprobs
+    d = json.loads(json.dumps(t.to_dict()))
+    assert d["logprobs"][0] is None and d["logprobs"][3] == -1.0
+    assert [s["kind"] for s in d["segments"]] == ["prompt", "action", "observation", "action"]
+
+
+@pytest.mark.parametrize(
+    "kinds, match",
+    [
+        (["action"], "starts with exactly one prompt"),
+        (["prompt", "prompt"], "only one prompt"),
+        (["prompt", "action", "action"], "two action segments"),
+        (["prompt", "observation"], "must follow an action"),
+    ],
+)
+def test_trajectory_refuses_bad_structure(kinds, match):
+    segments = [seg(k, [1], 0) for k in kinds]
+    with pytest.raises(ValueError, match=match):
+        Trajectory(segments)
+
+
+def test_wrapper_records_every_token_in_order(tokenizer):
+    env = RecordEpisodes(gym.make("tokengym/Replay-v0", tokenizer=tokenizer))
+    obs, _ = env.reset(seed=3)
+    stream, contexts, done = list(obs), [], False
+    rng = np.random.default_rng(0)
+    while not done:
+        action = env.unwrapped.reference_action()
+        lp = -rng.random(len(action)).astype(np.float32)
+        contexts.append(list(stream))
+        obs, reward, term, trunc, info = env.step(action, logprobs=lp)
+        stream += list(action) + list(obs)
+        done = term or trunc
+    traj = info["trajectory"]
+    assert env.trajectories == [traj]
+    assert traj.token_ids.tolist() == stream
+    for k, ctx in enumerate(contexts):
+        assert traj.context(k).tolist() == ctx
+    for (start, end), a in zip(traj.action_spans, traj.actions):
+        assert traj.mask[start:end].all() and np.array_equal(traj.logprobs[start:end], a.logprobs)
+    assert int(traj.mask.sum()) == sum(len(a) for a in traj.actions)
+    assert np.isnan(traj.logprobs[traj.mask == 0]).all() and traj.has_logprobs
+    assert traj.env_id == "tokengym/Replay-v0" and traj.seed == 3 and traj.stop_reason == "done"
+    assert traj.terminated and not traj.truncated
+    summary = traj.conformance_summary
+    assert summary["turns_checked"] == traj.num_turns == 5 and summary["mismatch"] == 0
+    assert env.pop_trajectories() == [traj] and env.trajectories == []
+
+
+def test_wrapper_rejects_logprobs_of_the_wrong_length(qwen25):
+    env = RecordEpisodes(ReplayEnv(qwen25))
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="one value per action token"):
+        env.step([1, 2, 3], logprobs=[0.0])
+    # Nothing was recorded for the refused step; the episode goes on.
+    env.step(env.unwrapped.reference_action())
+    assert env._segments is not None and len(env._segments) == 3
+
+
+def test_wrapper_calls_back_and_handles_truncation(qwen25):
+    seen = []
+    env = RecordEpisodes(ReplayEnv(qwen25, max_turns=2), on_episode=seen.append, keep=False, sampling={"temperature": 1.0})
+    for seed in (0, 1):
+        env.reset(seed=seed)
+        done = False
+        while not done:
+            *_, term, trunc, info = env.step([9707, 151645])
+            done = term or trunc
+    assert env.trajectories == [] and len(seen) == 2
+    assert seen[1].seed == 1 and seen[1].truncated and seen[1].stop_reason == "max_turns"
+    assert seen[1].sampling == {"temperature": 1.0} and seen[1].num_turns == 2

@@ -51,7 +51,7 @@ class AssistantTurn:
     """Decoded content, without the closing end-of-turn token."""
     closed_by: ClosedBy
     messages: list[Message]
-    """The conversation so far, this assistant message last."""
+    """The conversation so far, this assistant message last (the env's own records: read, don't mutate)."""
 
     @property
     def message(self) -> Message:
@@ -125,6 +125,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self.observation_space = token_space(self.renderer.vocab_size)
         self.action_space = token_space(self.renderer.vocab_size)
         self._pieces: list[Piece] | None = None
+        self._num_tokens = 0
         self._done = False
 
     # ----------------------------------------------------------------- hooks
@@ -151,7 +152,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
     @property
     def num_tokens(self) -> int:
         """Length of the token stream so far."""
-        return sum(len(p.ids) for p in self._pieces or ())
+        return self._num_tokens
 
     @property
     def messages(self) -> list[Message]:
@@ -178,6 +179,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self._tools = prompt.tools
         self._messages: list[Message] = copy.deepcopy(prompt.messages)
         self._pieces = [Piece("prompt", 0, tuple(rendered.ids), rendered.text, has_user=True)]
+        self._num_tokens = len(rendered.ids)
         self._turn = 0
         self._done = False
         self._conformance: list[Conformance] = []
@@ -200,7 +202,8 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         content_ids, closed_by = self._split_closing(ids)
         text = self.renderer.decode(content_ids)
         assistant: Message = {"role": "assistant", "content": text}
-        self._pieces.append(Piece("action", turn, tuple(int(i) for i in ids), self.renderer.decode(ids)))
+        self._pieces.append(Piece("action", turn, tuple(ids.tolist()), self.renderer.decode(ids)))
+        self._num_tokens += len(ids)
         self._messages.append(assistant)
 
         stop_reason: str | None = None
@@ -209,7 +212,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             stop_reason = "action_length"
         else:
             response = self.respond(
-                AssistantTurn(turn, ids.copy(), text, closed_by, copy.deepcopy(self._messages))
+                AssistantTurn(turn, ids.copy(), text, closed_by, list(self._messages))
             )
             if response.done:
                 stop_reason = "done"
@@ -228,6 +231,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 obs_ids = obs.ids
                 has_user = any(m.get("role") == "user" for m in new)
                 self._pieces.append(Piece("observation", turn, tuple(obs_ids), obs.text, has_user=has_user))
+                self._num_tokens += len(obs_ids)
                 self._messages.extend(copy.deepcopy(new))
 
         done = stop_reason is not None

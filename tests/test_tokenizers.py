@@ -34,7 +34,9 @@ def test_load_tokenizer_by_alias_and_object(qwen25):
 
 
 def test_unreachable_hub_name_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(OSError, match="pinned name"):
         tk.load_tokenizer("nobody/no-such-tokenizer")
 

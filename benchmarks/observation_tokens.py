@@ -1,0 +1,376 @@
+"""Per-turn cost of producing observation token ids in multi-turn tool episodes.
+
+Why this benchmark exists
+-------------------------
+A "messages-in" agent loop (the TRL / verifiers style) re-renders and re-tokenizes the
+whole conversation with ``tokenizer.apply_chat_template`` after every assistant turn and
+keeps the suffix it did not have yet. That costs time proportional to the conversation
+length, so an episode of N turns costs O(N^2). tokengym's :meth:`ChatRenderer.observation`
+renders only the new messages inside a small fixed conversation, so its per-turn cost
+should be *flat in the number of turns*. The goal is for it to be at least 50x faster
+than re-rendering at 128 turns, while producing exactly the same token ids.
+
+What is measured (side by side, on the same synthetic transcripts, in one run)
+-----------------------------------------------------------------------------
+* ``observation``: ``ChatRenderer.observation(new_tool_messages, tools, assistant_tool_calls=...)``.
+* ``messages-in``: ``tok.apply_chat_template(all_messages_so_far, tools=..., tokenize=True,
+  return_dict=False, add_generation_prompt=True)``, then the ids after the assistant's
+  end-of-turn token (the first ``<|im_end|>`` after the previous render's length). Note: a
+  loop that cuts at ``len(previous) + len(completion_ids)`` instead would be off by the
+  empty ``<think></think>`` block Qwen3 adds to a last assistant turn and drops from history.
+* ``step(warn)`` / ``step(off)``: the whole ``ReplayEnv.step`` (``ChatEnv.step``) fed the
+  transcript's reference actions, with ``conformance="warn"`` (re-renders the conversation
+  as text each turn to check it) and ``conformance="off"``. Only ``step()`` is timed.
+
+Each synthetic transcript has a system prompt, 2 tools, one user message, then N assistant
+turns (short reasoning-free content and 1-2 tool calls with realistic JSON arguments, each
+answered by a tool result of a few hundred characters) and a final assistant answer. Every
+turn, the tokengym observation ids are checked to equal the messages-in suffix ids (and the
+``step`` observations to equal both); a mismatch prints the turn and exits with status 1.
+
+Timing: every method runs each episode ``--repeats`` times (interleaved, one untimed warm-up
+call first, garbage collector off during timed loops as in ``timeit``); a turn's time is its median over repeats.
+Reported per N: mean and median microseconds per turn, the mean over the first and the
+last quarter of turns (flat cost => ratio near 1), tokens per observation, and the ratio
+of the messages-in mean to each method's mean.
+
+Run (from the repository root)::
+
+    python benchmarks/observation_tokens.py                      # --turns 8 32 128
+    python benchmarks/observation_tokens.py --turns 8 32 128 --repeats 3 --json results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+from tokengym.envs import ChatRenderer, ReplayEnv, load_tokenizer
+
+METHODS = ("observation", "messages-in", "step(warn)", "step(off)")
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search_code",
+            "description": "Search the repository for a regular expression and return matching lines.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "Regular expression to search for."},
+                    "path": {"type": "string", "description": "Folder to search in, relative to the root."},
+                    "max_results": {"type": "integer", "description": "Maximum number of matches."},
+                },
+                "required": ["pattern"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a range of lines from a file in the repository.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File path relative to the root."},
+                    "start_line": {"type": "integer", "description": "First line, 1-based."},
+                    "end_line": {"type": "integer", "description": "Last line, inclusive."},
+                },
+                "required": ["path"],
+            },
+        },
+    },
+]
+
+SYSTEM = (
+    "You are a careful software engineering assistant working in a Python repository. "
+    "Use the tools to inspect the code before answering. Keep answers short and precise."
+)
+USER = "The config loader ignores environment overrides for nested keys. Find where and explain why."
+
+_FILES = ["src/config/loader.py", "src/config/schema.py", "src/cli/main.py", "src/utils/env.py",
+          "tests/test_loader.py", "src/config/merge.py", "docs/configuration.md", "src/app/settings.py"]
+_SYMBOLS = ["load_config", "merge_dicts", "apply_env_overrides", "ConfigSchema", "parse_env_key",
+            "DEFAULTS", "resolve_path", "Settings.from_env", "flatten_keys", "_coerce_value"]
+_SAYINGS = ["Let me search for {s} to see where it is defined.",
+            "I'll look at how {s} is used in {f}.",
+            "Next I'll read the relevant part of {f} and check {s}.",
+            "The previous result points at {s}; reading {f} around it.",
+            "Checking whether {s} handles nested keys."]
+_WORDS = ("value key nested override env prefix split separator dict merge default schema "
+          "return none string int bool path section lower upper strip items update").split()
+
+
+def _tool_result(rng: random.Random, name: str, args: dict[str, Any]) -> str:
+    target = 200 + rng.randrange(400)
+    lines: list[str] = []
+    size = 0
+    line_no = rng.randrange(1, 400)
+    while size < target:
+        if name == "search_code":
+            f = rng.choice(_FILES)
+            body = " ".join(rng.choice(_WORDS) for _ in range(rng.randrange(4, 10)))
+            line = f"{f}:{line_no}:    {rng.choice(_SYMBOLS)}({body})"
+        else:
+            indent = " " * (4 * rng.randrange(0, 3))
+            body = " ".join(rng.choice(_WORDS) for _ in range(rng.randrange(3, 9)))
+            line = f"{line_no:>4}  {indent}{rng.choice(['if', 'for', 'return', 'x =', '#'])} {body}"
+        lines.append(line)
+        size += len(line) + 1
+        line_no += rng.randrange(1, 12)
+    return "\n".join(lines)
+
+
+def make_transcript(turns: int, seed: int = 0) -> dict[str, Any]:
+    """A tool-use transcript with ``turns`` tool-calling assistant turns and a final answer."""
+    rng = random.Random(seed)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}]
+    call_no = 0
+    for t in range(turns):
+        content = rng.choice(_SAYINGS).format(s=rng.choice(_SYMBOLS), f=rng.choice(_FILES)) + f" (step {t + 1})"
+        calls = []
+        for _ in range(rng.choice((1, 1, 2))):
+            if rng.random() < 0.5:
+                name = "search_code"
+                args: dict[str, Any] = {"pattern": rf"def {rng.choice(_SYMBOLS).split('.')[-1]}\b",
+                                        "path": rng.choice(["src", "src/config", "tests"]),
+                                        "max_results": rng.choice((10, 20, 50))}
+            else:
+                start = rng.randrange(1, 300)
+                name = "read_file"
+                args = {"path": rng.choice(_FILES), "start_line": start, "end_line": start + rng.randrange(20, 80)}
+            calls.append({"id": f"call_{call_no}", "type": "function", "function": {"name": name, "arguments": args}})
+            call_no += 1
+        messages.append({"role": "assistant", "content": content, "tool_calls": calls})
+        for c in calls:
+            fn = c["function"]
+            messages.append({"role": "tool", "tool_call_id": c["id"], "name": fn["name"],
+                             "content": _tool_result(rng, fn["name"], fn["arguments"])})
+    messages.append({"role": "assistant", "content": "The override is applied before nested keys are merged, "
+                     "so merge_dicts overwrites it; apply it after the merge."})
+    return {"messages": messages, "tools": TOOLS}
+
+
+def split_turns(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], list[dict[str, Any]]]]]:
+    """(prompt messages, [(assistant message, tool messages that answer it)]) for tool-calling turns."""
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    turns = []
+    i = first
+    while i < len(messages):
+        assistant = messages[i]
+        j = i + 1
+        while j < len(messages) and messages[j]["role"] != "assistant":
+            j += 1
+        if assistant.get("tool_calls"):
+            turns.append((assistant, messages[i + 1 : j]))
+        i = j
+    return messages[:first], turns
+
+
+# ------------------------------------------------------------------ the four methods
+def run_observation(renderer: ChatRenderer, tools, turns) -> tuple[list[int], list[list[int]]]:
+    times, obs = [], []
+    clock = time.perf_counter_ns
+    for assistant, new in turns:
+        calls = assistant["tool_calls"]
+        t0 = clock()
+        ids = renderer.observation(new, tools, assistant_tool_calls=calls).ids
+        times.append(clock() - t0)
+        obs.append(ids)
+    return times, obs
+
+
+def run_messages_in(tok, im_end: int, prompt, tools, turns) -> tuple[list[int], list[list[int]]]:
+    times, obs = [], []
+    clock = time.perf_counter_ns
+    history = list(prompt)
+    prev_len = len(tok.apply_chat_template(history, tools=tools, tokenize=True, return_dict=False,
+                                           add_generation_prompt=True))
+    for assistant, new in turns:
+        history.append(assistant)
+        history.extend(new)
+        t0 = clock()
+        full = tok.apply_chat_template(history, tools=tools, tokenize=True, return_dict=False,
+                                       add_generation_prompt=True)
+        suffix = full[full.index(im_end, prev_len) + 1 :]
+        times.append(clock() - t0)
+        prev_len = len(full)
+        obs.append(suffix)
+    return times, obs
+
+
+def run_step(env: ReplayEnv, actions, n: int) -> tuple[list[int], list[list[int]], list[str]]:
+    times, obs, status = [], [], []
+    clock = time.perf_counter_ns
+    env.reset(seed=0)
+    for k in range(n):
+        t0 = clock()
+        o, _, terminated, truncated, info = env.step(actions[k])
+        times.append(clock() - t0)
+        obs.append(o.tolist())
+        status.append(info["conformance"].status)
+        if terminated or truncated:
+            raise RuntimeError(f"ReplayEnv ended early at turn {k}: {info.get('stop_reason')}")
+    env.step(actions[n])  # the final answer ends the episode (not timed)
+    return times, obs, status
+
+
+def warm_up(method: str, renderer: ChatRenderer, tok, prompt, tools, turns) -> None:
+    """One untimed call of the method's work, so the first timed turn is not a cold one."""
+    if method == "observation":
+        renderer.observation(turns[0][1], tools, assistant_tool_calls=turns[0][0]["tool_calls"])
+    elif method == "messages-in":
+        tok.apply_chat_template([*prompt, turns[0][0], *turns[0][1]], tools=tools, tokenize=True,
+                                return_dict=False, add_generation_prompt=True)
+    else:
+        renderer.prompt(prompt, tools)
+
+
+def verify_prefix_stable(tok, prompt, turns) -> None:
+    """Each full render starts with the previous one (so a suffix is a fair observation)."""
+    history = list(prompt)
+    prev = tok.apply_chat_template(history, tools=TOOLS, tokenize=True, return_dict=False, add_generation_prompt=True)
+    for k, (assistant, new) in enumerate(turns):
+        history += [assistant, *new]
+        full = tok.apply_chat_template(history, tools=TOOLS, tokenize=True, return_dict=False, add_generation_prompt=True)
+        if full[: len(prev)] != prev:
+            fail(f"turn {k}: the messages-in render is not prefix-stable (history tokens changed)")
+        prev = full
+
+
+def fail(msg: str) -> None:
+    print(f"MISMATCH: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def summarize(times_ns: list[int]) -> dict[str, float]:
+    us = [t / 1000 for t in times_ns]
+    q = max(1, len(us) // 4)
+    first, last = statistics.fmean(us[:q]), statistics.fmean(us[-q:])
+    return {"mean_us": statistics.fmean(us), "median_us": statistics.median(us),
+            "first_quarter_us": first, "last_quarter_us": last, "last_over_first": last / first}
+
+
+def bench(n: int, repeats: int, renderer: ChatRenderer, tok) -> dict[str, Any]:
+    transcript = make_transcript(n, seed=n)
+    prompt, turns = split_turns(transcript["messages"])
+    assert len(turns) == n
+    tools = transcript["tools"]
+    im_end = renderer.turn_end_ids[-1]
+    envs = {mode: ReplayEnv(renderer, transcript, conformance=mode, max_context_tokens=1 << 24)
+            for mode in ("warn", "off")}
+    envs["off"].reset(seed=0)
+    actions = [envs["off"].reference_action(k) for k in range(n + 1)]
+
+    per_turn: dict[str, list[list[int]]] = {m: [] for m in METHODS}
+    outputs: dict[str, list[list[int]]] = {}
+    statuses: list[str] = []
+    for r in range(repeats):
+        for method in METHODS:
+            gc.collect()
+            warm_up(method, renderer, tok, prompt, tools, turns)
+            gc.disable()
+            try:
+                if method == "observation":
+                    times, obs = run_observation(renderer, tools, turns)
+                elif method == "messages-in":
+                    times, obs = run_messages_in(tok, im_end, prompt, tools, turns)
+                else:
+                    mode = "warn" if method == "step(warn)" else "off"
+                    times, obs, status = run_step(envs[mode], actions, n)
+                    if mode == "warn" and r == 0:
+                        statuses = status
+            finally:
+                gc.enable()
+            per_turn[method].append(times)
+            if r == 0:
+                outputs[method] = obs
+
+    # Correctness: tokengym == messages-in suffix for every turn; step() observations too.
+    ref = outputs["messages-in"]
+    for method in ("observation", "step(warn)", "step(off)"):
+        for k, (a, b) in enumerate(zip(outputs[method], ref, strict=True)):
+            if a != b:
+                at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                fail(f"N={n}, turn {k}: {method} ids differ from the messages-in suffix at token {at} "
+                     f"({len(a)} vs {len(b)} tokens)\n"
+                     f"  {method}: {renderer.decode(a)!r}\n  messages-in: {renderer.decode(b)!r}")
+    verify_prefix_stable(tok, prompt, turns)
+    bad = [s for s in statuses if s == "mismatch"]
+    if bad:
+        fail(f"N={n}: conformance='warn' reported {len(bad)} mismatching turns")
+
+    tokens = [len(o) for o in ref]
+    result: dict[str, Any] = {
+        "turns": n,
+        "tokens_per_observation": statistics.fmean(tokens),
+        "episode_tokens": len(renderer.prompt(prompt, tools).ids) + sum(len(a) for a in actions[:n]) + sum(tokens),
+        "conformance_statuses": {s: statuses.count(s) for s in sorted(set(statuses))},
+        "methods": {},
+    }
+    for method in METHODS:
+        median_per_turn = [int(statistics.median(col)) for col in zip(*per_turn[method], strict=True)]
+        result["methods"][method] = summarize(median_per_turn)
+        result["methods"][method]["per_turn_us"] = [t / 1000 for t in median_per_turn]
+    base = result["methods"]["messages-in"]
+    for method, s in result["methods"].items():
+        s["baseline_over_this"] = base["mean_us"] / s["mean_us"]
+        s["baseline_over_this_last_quarter"] = base["last_quarter_us"] / s["last_quarter_us"]
+    return result
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    print("| turns | method | mean µs/turn | median µs/turn | first ¼ µs | last ¼ µs | last/first "
+          "| tokens/obs | messages-in ÷ method (mean) | (last ¼) |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for res in results:
+        for method, s in res["methods"].items():
+            print(f"| {res['turns']} | {method} | {s['mean_us']:,.0f} | {s['median_us']:,.0f} "
+                  f"| {s['first_quarter_us']:,.0f} | {s['last_quarter_us']:,.0f} | {s['last_over_first']:.2f} "
+                  f"| {res['tokens_per_observation']:.0f} | {s['baseline_over_this']:.1f}x "
+                  f"| {s['baseline_over_this_last_quarter']:.1f}x |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", type=int, nargs="+", default=[8, 32, 128], help="assistant tool turns per episode")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each episode per method (median per turn)")
+    parser.add_argument("--tokenizer", default="qwen3", help="pinned name, local folder or hub name")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or any(n < 1 for n in args.turns):
+        parser.error("--repeats and --turns must be positive")
+
+    tok = load_tokenizer(args.tokenizer)
+    renderer = ChatRenderer(tok)
+    started = time.perf_counter()
+    results = []
+    for n in args.turns:
+        res = bench(n, args.repeats, renderer, tok)
+        results.append(res)
+        print(f"N={n}: ids verified equal on all {n} turns; conformance(warn) statuses "
+              f"{res['conformance_statuses']}; episode {res['episode_tokens']:,} tokens", flush=True)
+    elapsed = time.perf_counter() - started
+    print(f"\nObservation token ids per turn, {args.tokenizer} chat template, "
+          f"repeats={args.repeats}, Python {platform.python_version()}, {elapsed:.0f} s total\n")
+    print_table(results)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"tokenizer": args.tokenizer, "repeats": args.repeats, "elapsed_s": elapsed,
+                       "python": platform.python_version(), "results": results}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

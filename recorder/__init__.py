@@ -1,7 +1,29 @@
 """tokengym.recorder: segments, trajectories and the wrapper that records episodes."""
 
+from .batches import (
+    PackedBatch,
+    VerlBatch,
+    group_by_task,
+    grpo_advantages,
+    to_packed,
+    to_trl,
+    to_verl,
+)
 from .segments import Segment, SegmentKind
 from .trajectory import Trajectory, summarize_conformance
 from .wrapper import RecordEpisodes
 
-__all__ = ["RecordEpisodes", "Segment", "SegmentKind", "Trajectory", "summarize_conformance"]
+__all__ = [
+    "PackedBatch",
+    "RecordEpisodes",
+    "Segment",
+    "SegmentKind",
+    "Trajectory",
+    "VerlBatch",
+    "group_by_task",
+    "grpo_advantages",
+    "summarize_conformance",
+    "to_packed",
+    "to_trl",
+    "to_verl",
+]

@@ -88,6 +88,8 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         metadata: dict[str, Any] = {}
         if self._task:
             metadata["task"] = self._task
+            if "id" in self._task:
+                metadata["task_id"] = self._task["id"]  # the GRPO group key (batches.group_by_task)
         traj = Trajectory(
             segments=self._segments,
             env_id=spec.id if spec is not None else type(self.env.unwrapped).__name__,

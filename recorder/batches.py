@@ -1,0 +1,399 @@
+"""Batches: trajectories laid out the way trainers read them.
+
+Every layout here is a pure view of the recorded tokens: it pads, concatenates or
+splits, but never reorders, re-tokenizes or drops a token (except the explicit
+``overlong="truncate"`` cut at the *end* of a response, which is flagged). The
+``from_*`` functions invert each layout back to ``(token_ids, mask, logprobs)`` per
+trajectory so that the tests can prove it token for token.
+
+Conventions shared by all layouts:
+
+- mask 1 only on action (policy) tokens; the prompt, observations and padding are 0;
+- logprobs are 0.0 where the trajectory has none (masked tokens, or actions recorded
+  without logprobs): trainers multiply by the mask, and NaN would poison that product;
+- each turn's reward sits on the last token of that turn's action, so the rewards of a
+  row sum to the episode's return (the SkyRL convention; verl puts a single outcome
+  reward on the last valid token, which is the same thing for one-turn episodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+import torch
+
+from .trajectory import Trajectory
+
+__all__ = [
+    "PackedBatch",
+    "TokenView",
+    "VerlBatch",
+    "from_packed",
+    "from_trl",
+    "from_verl",
+    "group_by_task",
+    "grpo_advantages",
+    "to_packed",
+    "to_trl",
+    "to_verl",
+]
+
+Overlong = Literal["error", "truncate"]
+GroupKey = Callable[[Trajectory], Hashable]
+
+
+def _task_id(t: Trajectory) -> Hashable:
+    return t.metadata.get("task_id")
+
+
+class TokenView(NamedTuple):
+    """One trajectory read back from a layout: what a trainer actually sees."""
+
+    token_ids: np.ndarray  # int64
+    mask: np.ndarray  # int8, 1 on action tokens
+    logprobs: np.ndarray  # float32, 0.0 where none
+
+
+# ----------------------------------------------------------------- helpers
+def _check_nonempty(trajs: Sequence[Trajectory]) -> None:
+    if len(trajs) == 0:
+        raise ValueError("no trajectories to batch")
+
+
+def _filled_logprobs(t: Trajectory) -> np.ndarray:
+    """The trajectory's logprobs with 0.0 wherever there is none."""
+    return np.nan_to_num(t.logprobs, nan=0.0).astype(np.float32)
+
+
+def _token_rewards(t: Trajectory) -> np.ndarray:
+    """Each turn's reward on the last token of that turn's action (float32, full length)."""
+    out = np.zeros(len(t), dtype=np.float32)
+    for (_, end), a in zip(t.action_spans, t.actions):
+        # An empty action has no token of its own: its reward goes on the token before it.
+        if len(out):
+            out[max(end - 1, 0)] += a.reward
+    return out
+
+
+def _per_traj_advantages(advantages: Sequence[float] | np.ndarray | None, n: int) -> np.ndarray | None:
+    if advantages is None:
+        return None
+    adv = np.asarray(advantages, dtype=np.float32).reshape(-1)
+    if adv.shape != (n,):
+        raise ValueError(f"advantages must have one value per trajectory: {adv.shape[0]} for {n} trajectories")
+    return adv
+
+
+def _object_array(values: Sequence[Any]) -> np.ndarray:
+    """A 1-D object array, even when every value is a list (np.array would make it 2-D)."""
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
+
+
+# --------------------------------------------------------------------- verl
+@dataclass
+class VerlBatch:
+    """A verl batch: ``DataProto.from_dict(tensors=batch.tensors, non_tensors=batch.non_tensors)``.
+
+    Tensors (B rows, P prompt columns, R response columns):
+        prompts [B, P], responses [B, R], input_ids [B, P+R], attention_mask [B, P+R],
+        position_ids [B, P+R], response_mask [B, R] (all int64);
+        rollout_log_probs [B, R], token_level_rewards [B, R] (float32);
+        advantages [B, R] (float32) when asked for.
+    Non-tensors (object arrays of length B): num_turns, turn_rewards, tool_rewards,
+        stop_reason, env_id, seed, conformance, uid, truncated_to_fit.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    non_tensors: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return int(self.tensors["input_ids"].shape[0])
+
+    @property
+    def prompt_length(self) -> int:
+        return int(self.tensors["prompts"].shape[1])
+
+    @property
+    def response_length(self) -> int:
+        return int(self.tensors["responses"].shape[1])
+
+
+def to_verl(
+    trajs: Sequence[Trajectory],
+    *,
+    prompt_length: int | None = None,
+    response_length: int | None = None,
+    overlong: Overlong = "error",
+    pad_token_id: int = 0,
+    advantages: Sequence[float] | np.ndarray | None = None,
+) -> VerlBatch:
+    """Lay trajectories out as verl's agent loop does: left-padded prompts, right-padded responses.
+
+    The response is everything after the prompt segment (actions *and* observations), so
+    ``input_ids`` of a row is exactly the stream the policy saw, padded on both sides.
+
+    Args:
+        trajs: the episodes, one row each.
+        prompt_length: P; the longest prompt when omitted (minimal padding).
+        response_length: R; the longest response when omitted.
+        overlong: a response longer than R raises (``"error"``) or is cut at its end
+            (``"truncate"``; the row's ``truncated_to_fit`` is True). A prompt longer than P
+            always raises: cutting it would change the context of every token after it.
+        pad_token_id: the id written on padding (attention_mask says what is real, not this id).
+        advantages: one value per trajectory (e.g. :func:`grpo_advantages`), broadcast to the
+            row's action tokens as the ``advantages`` tensor.
+
+    Rewards of turns whose last action token was cut land on the last kept action token
+    (or the last kept token if no action token survives), so each row still sums to the
+    episode's return.
+    """
+    _check_nonempty(trajs)
+    if overlong not in ("error", "truncate"):
+        raise ValueError(f'overlong must be "error" or "truncate", not {overlong!r}')
+    adv = _per_traj_advantages(advantages, len(trajs))
+    B = len(trajs)
+    p_lens = [t.prompt_len for t in trajs]
+    r_lens = [len(t) - t.prompt_len for t in trajs]
+    P = max(p_lens) if prompt_length is None else int(prompt_length)
+    R = max(r_lens) if response_length is None else int(response_length)
+    if P < 0 or R < 0:
+        raise ValueError(f"lengths must be non-negative: prompt_length={P}, response_length={R}")
+
+    prompts = np.full((B, P), pad_token_id, dtype=np.int64)
+    prompt_attn = np.zeros((B, P), dtype=np.int64)
+    responses = np.full((B, R), pad_token_id, dtype=np.int64)
+    response_attn = np.zeros((B, R), dtype=np.int64)
+    response_mask = np.zeros((B, R), dtype=np.int64)
+    logprobs = np.zeros((B, R), dtype=np.float32)
+    rewards = np.zeros((B, R), dtype=np.float32)
+    truncated = [False] * B
+
+    for i, t in enumerate(trajs):
+        pl, rl = p_lens[i], r_lens[i]
+        if pl > P:
+            raise ValueError(
+                f"trajectory {i}: prompt has {pl} tokens, prompt_length is {P} "
+                "(prompts are never cut: every later token was conditioned on the whole prompt)"
+            )
+        if rl > R:
+            if overlong == "error":
+                raise ValueError(
+                    f"trajectory {i}: response has {rl} tokens, response_length is {R} "
+                    f"(prompt {pl} tokens); pass overlong='truncate' to cut it"
+                )
+            truncated[i] = True
+        n = min(rl, R)
+        ids, mask = t.token_ids, t.mask
+        prompts[i, P - pl :] = ids[:pl]
+        prompt_attn[i, P - pl :] = 1
+        responses[i, :n] = ids[pl : pl + n]
+        response_attn[i, :n] = 1
+        response_mask[i, :n] = mask[pl : pl + n]
+        logprobs[i, :n] = _filled_logprobs(t)[pl : pl + n]
+        tok_r = _token_rewards(t)
+        rewards[i, :n] = tok_r[pl : pl + n]
+        lost = float(tok_r[:pl].sum() + tok_r[pl + n :].sum())  # cut off, or an empty first action
+        if lost != 0.0:
+            kept_actions = np.flatnonzero(response_mask[i, :n])
+            if kept_actions.size:
+                rewards[i, kept_actions[-1]] += lost
+            elif n > 0:
+                rewards[i, n - 1] += lost
+            else:
+                raise ValueError(f"trajectory {i}: response_length={R} leaves no token to carry its reward")
+
+    attention = np.concatenate([prompt_attn, response_attn], axis=1)
+    position_ids = np.clip(np.cumsum(attention, axis=1) - 1, 0, None)
+    tensors = {
+        "prompts": torch.from_numpy(prompts),
+        "responses": torch.from_numpy(responses),
+        "response_mask": torch.from_numpy(response_mask),
+        "input_ids": torch.from_numpy(np.concatenate([prompts, responses], axis=1)),
+        "attention_mask": torch.from_numpy(attention),
+        "position_ids": torch.from_numpy(position_ids.astype(np.int64)),
+        "rollout_log_probs": torch.from_numpy(logprobs),
+        "token_level_rewards": torch.from_numpy(rewards),
+    }
+    if adv is not None:
+        tensors["advantages"] = torch.from_numpy(response_mask.astype(np.float32) * adv[:, None])
+    non_tensors = {
+        "num_turns": _object_array([t.num_turns for t in trajs]),
+        "turn_rewards": _object_array([t.turn_rewards.tolist() for t in trajs]),
+        "tool_rewards": _object_array([list(t.metadata.get("tool_rewards") or []) for t in trajs]),
+        "stop_reason": _object_array([t.stop_reason for t in trajs]),
+        "env_id": _object_array([t.env_id for t in trajs]),
+        "seed": _object_array([t.seed for t in trajs]),
+        "conformance": _object_array([t.conformance_summary for t in trajs]),
+        "uid": _object_array([t.metadata.get("task_id") for t in trajs]),
+        "truncated_to_fit": _object_array(truncated),
+    }
+    return VerlBatch(tensors=tensors, non_tensors=non_tensors)
+
+
+def from_verl(batch: VerlBatch | Mapping[str, torch.Tensor]) -> list[TokenView]:
+    """Read each row of a verl batch back as its real tokens (padding removed by attention_mask)."""
+    tensors = batch.tensors if isinstance(batch, VerlBatch) else batch
+    P = int(tensors["prompts"].shape[1])
+    ids = tensors["input_ids"].numpy()
+    attn = tensors["attention_mask"].numpy().astype(bool)
+    rmask = tensors["response_mask"].numpy()
+    lp = tensors["rollout_log_probs"].numpy()
+    out = []
+    for i in range(ids.shape[0]):
+        p_real, r_real = attn[i, :P], attn[i, P:]
+        pl = int(p_real.sum())
+        mask = np.concatenate([np.zeros(pl, dtype=np.int8), rmask[i][r_real].astype(np.int8)])
+        logprobs = np.concatenate([np.zeros(pl, dtype=np.float32), lp[i][r_real].astype(np.float32)])
+        out.append(TokenView(ids[i][attn[i]].astype(np.int64), mask, logprobs))
+    return out
+
+
+# ---------------------------------------------------------------------- TRL
+def to_trl(trajs: Sequence[Trajectory]) -> dict[str, list[list[int]] | list[list[float]]]:
+    """The dict a TRL ``GRPOTrainer(rollout_func=...)`` returns.
+
+    ``completion_ids`` is everything after the prompt (actions and observations);
+    ``env_mask`` is 1 on action tokens, 0 on tokens the environment added, so TRL trains
+    only on what the policy produced; ``logprobs`` is aligned to the completion, 0.0 where none.
+    """
+    _check_nonempty(trajs)
+    out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+    for t in trajs:
+        pl = t.prompt_len
+        out["prompt_ids"].append(t.token_ids[:pl].tolist())
+        out["completion_ids"].append(t.token_ids[pl:].tolist())
+        out["logprobs"].append(_filled_logprobs(t)[pl:].tolist())
+        out["env_mask"].append(t.mask[pl:].astype(np.int64).tolist())
+    return out
+
+
+def from_trl(batch: Mapping[str, Sequence[Sequence[Any]]]) -> list[TokenView]:
+    """Read a :func:`to_trl` dict back as one token stream per trajectory."""
+    out = []
+    for prompt, completion, lp, env_mask in zip(
+        batch["prompt_ids"], batch["completion_ids"], batch["logprobs"], batch["env_mask"], strict=True
+    ):
+        pl = len(prompt)
+        out.append(
+            TokenView(
+                np.asarray(list(prompt) + list(completion), dtype=np.int64),
+                np.concatenate([np.zeros(pl, dtype=np.int8), np.asarray(env_mask, dtype=np.int8)]),
+                np.concatenate([np.zeros(pl, dtype=np.float32), np.asarray(lp, dtype=np.float32)]),
+            )
+        )
+    return out
+
+
+# ------------------------------------------------------------------- packed
+@dataclass
+class PackedBatch:
+    """Trajectories concatenated without padding (for varlen attention, e.g. flash-attn).
+
+    ``cu_seqlens`` (int32, [B+1]) are the row boundaries; ``position_ids`` restart at 0 on
+    each row, which is how packed attention keeps rows from seeing each other.
+    All per-token tensors have shape [T] with T the total number of tokens.
+    """
+
+    input_ids: torch.Tensor  # int64
+    position_ids: torch.Tensor  # int64
+    cu_seqlens: torch.Tensor  # int32
+    max_seqlen: int
+    loss_mask: torch.Tensor  # int64, 1 on action tokens
+    logprobs: torch.Tensor  # float32, 0.0 where none
+    token_rewards: torch.Tensor  # float32, each turn's reward on its action's last token
+    seq_index: torch.Tensor  # int64, the row each token belongs to
+    advantages: torch.Tensor | None = None  # float32, on action tokens, when asked for
+
+    def __len__(self) -> int:
+        return int(self.cu_seqlens.shape[0]) - 1
+
+
+def to_packed(
+    trajs: Sequence[Trajectory], *, advantages: Sequence[float] | np.ndarray | None = None
+) -> PackedBatch:
+    """Concatenate whole trajectories (prompt included) into one row of T tokens.
+
+    Args:
+        trajs: the episodes.
+        advantages: one value per trajectory, broadcast to its action tokens.
+    """
+    _check_nonempty(trajs)
+    adv = _per_traj_advantages(advantages, len(trajs))
+    lens = np.array([len(t) for t in trajs], dtype=np.int64)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    mask = np.concatenate([t.mask for t in trajs]).astype(np.int64)
+    seq_index = np.repeat(np.arange(len(trajs), dtype=np.int64), lens)
+    position_ids = np.arange(int(cu[-1]), dtype=np.int64) - cu[:-1].astype(np.int64)[seq_index]
+    return PackedBatch(
+        input_ids=torch.from_numpy(np.concatenate([t.token_ids for t in trajs]).astype(np.int64)),
+        position_ids=torch.from_numpy(position_ids),
+        cu_seqlens=torch.from_numpy(cu),
+        max_seqlen=int(lens.max()),
+        loss_mask=torch.from_numpy(mask),
+        logprobs=torch.from_numpy(np.concatenate([_filled_logprobs(t) for t in trajs])),
+        token_rewards=torch.from_numpy(np.concatenate([_token_rewards(t) for t in trajs])),
+        seq_index=torch.from_numpy(seq_index),
+        advantages=None if adv is None else torch.from_numpy(adv[seq_index] * mask.astype(np.float32)),
+    )
+
+
+def from_packed(batch: PackedBatch) -> list[TokenView]:
+    """Split a packed batch back into one token stream per trajectory."""
+    cu = batch.cu_seqlens.tolist()
+    ids, mask, lp = batch.input_ids.numpy(), batch.loss_mask.numpy(), batch.logprobs.numpy()
+    return [
+        TokenView(ids[a:b].astype(np.int64), mask[a:b].astype(np.int8), lp[a:b].astype(np.float32))
+        for a, b in zip(cu[:-1], cu[1:])
+    ]
+
+
+# --------------------------------------------------------------------- GRPO
+def group_by_task(trajs: Sequence[Trajectory], key: GroupKey = _task_id) -> dict[Hashable, list[int]]:
+    """Indices of the trajectories per task, in first-seen order.
+
+    A trajectory whose key is None is refused rather than grouped with every other
+    unlabelled one: a silent catch-all group would compare unrelated tasks.
+    """
+    groups: dict[Hashable, list[int]] = {}
+    for i, t in enumerate(trajs):
+        k = key(t)
+        if k is None:
+            raise ValueError(
+                f"trajectory {i} has no group key (metadata['task_id'] by default); "
+                "set it or pass key=lambda t: ..."
+            )
+        groups.setdefault(k, []).append(i)
+    return groups
+
+
+def grpo_advantages(
+    trajs: Sequence[Trajectory],
+    key: GroupKey = _task_id,
+    *,
+    eps: float = 1e-6,
+    normalize_std: bool = True,
+    ddof: int = 1,
+) -> np.ndarray:
+    """Group-relative advantages: ``(R - mean(group)) / (std(group) + eps)`` per trajectory (float32).
+
+    ``R`` is the episode's return (the sum of its turn rewards). The std is the sample std
+    (``ddof=1``), as verl and TRL compute it. A group of one has no baseline to compare
+    with, so its advantage is 0. ``normalize_std=False`` gives ``R - mean`` (Dr. GRPO).
+    """
+    rewards = np.array([t.reward for t in trajs], dtype=np.float64)
+    adv = np.zeros(len(trajs), dtype=np.float64)
+    for idx in group_by_task(trajs, key).values():
+        r = rewards[idx]
+        centred = r - r.mean()
+        if normalize_std and len(r) > ddof:
+            denom = r.std(ddof=ddof) + eps
+            if denom > 0:  # equal rewards with eps=0: every centred value is already 0
+                centred = centred / denom
+        adv[idx] = centred
+    return adv.astype(np.float32)

@@ -1,0 +1,348 @@
+"""Trainer batches (verl, TRL, packed) are pure views of the recorded tokens."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from tokengym.envs import ReplayEnv
+from tokengym.recorder import RecordEpisodes, Segment, SegmentKind, Trajectory
+from tokengym.recorder.batches import (
+    PackedBatch,
+    VerlBatch,
+    from_packed,
+    from_trl,
+    from_verl,
+    group_by_task,
+    grpo_advantages,
+    to_packed,
+    to_trl,
+    to_verl,
+)
+
+
+# ------------------------------------------------------------------ builders
+def make(prompt, *turns, task_id=None, **metadata) -> Trajectory:
+    """A hand-made trajectory: ``turns`` are ``(action, logprobs | None, reward, observation | None)``."""
+    segs = [Segment(SegmentKind.PROMPT, np.array(prompt), 0)]
+    for k, (action, lp, reward, obs) in enumerate(turns):
+        segs.append(Segment(SegmentKind.ACTION, np.array(action), k, logprobs=lp, reward=reward))
+        if obs:
+            segs.append(Segment(SegmentKind.OBSERVATION, np.array(obs), k))
+    if task_id is not None:
+        metadata["task_id"] = task_id
+    return Trajectory(segs, env_id="hand", seed=len(turns), stop_reason="done", metadata=metadata)
+
+
+def with_rewards(traj: Trajectory, rewards, **metadata) -> Trajectory:
+    """The same tokens with turn rewards set (ReplayEnv itself rewards nothing)."""
+    segs, k = [], 0
+    for s in traj.segments:
+        if s.kind is SegmentKind.ACTION:
+            s = dataclasses.replace(s, reward=float(rewards[k]))
+            k += 1
+        segs.append(s)
+    return dataclasses.replace(traj, segments=segs, metadata={**traj.metadata, **metadata})
+
+
+def record(tokenizer, seed: int, max_turns: int | None = None) -> Trajectory:
+    """One real episode: the transcript's reference actions with random logprobs."""
+    kwargs = {} if max_turns is None else {"max_turns": max_turns}
+    env = RecordEpisodes(ReplayEnv(tokenizer, **kwargs))
+    env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    done = False
+    while not done:
+        action = env.unwrapped.reference_action()
+        *_, term, trunc, info = env.step(action, logprobs=-rng.random(len(action)).astype(np.float32))
+        done = term or trunc
+    traj = info["trajectory"]
+    return with_rewards(traj, rng.integers(-2, 3, traj.num_turns) / 2, task_id=f"replay-{max_turns}")
+
+
+HAND = [
+    make([1, 2], ([3, 4, 5], [-0.1, -0.2, -0.3], 1.0, None), task_id="a"),
+    make(
+        [6, 7, 8, 9, 10],
+        ([11], [-0.5], 0.25, [12, 13]),
+        ([14, 15], None, -1.0, [16]),
+        ([17, 18, 19, 20], [-1.0, -2.0, -3.0, -4.0], 2.0, None),
+        task_id="b",
+        tool_rewards=[0.1, 0.2],
+    ),
+    make([21], ([22, 23], [-0.7, -0.8], 0.0, [24, 25, 26]), task_id="a"),
+]
+
+
+@pytest.fixture(scope="module")
+def real_trajs(tokenizer) -> list[Trajectory]:
+    """Two full replays and one cut to two turns, on the real template."""
+    return [record(tokenizer, 0), record(tokenizer, 1, max_turns=2), record(tokenizer, 2)]
+
+
+@pytest.fixture(scope="module")
+def trajs(real_trajs) -> list[Trajectory]:
+    """Real and hand-made trajectories of very different lengths, in one batch."""
+    return [real_trajs[0], HAND[0], real_trajs[1], HAND[1], HAND[2], real_trajs[2]]
+
+
+def expected(t: Trajectory, n: int | None = None):
+    """What every layout must give back: ids, mask, logprobs with 0.0 where none (first n tokens)."""
+    n = len(t) if n is None else n
+    return t.token_ids[:n], t.mask[:n], np.nan_to_num(t.logprobs, nan=0.0)[:n]
+
+
+def assert_same_tokens(views, trajs, lengths=None):
+    assert len(views) == len(trajs)
+    for i, (v, t) in enumerate(zip(views, trajs)):
+        ids, mask, lp = expected(t, None if lengths is None else lengths[i])
+        assert v.token_ids.dtype == np.int64 and v.mask.dtype == np.int8 and v.logprobs.dtype == np.float32
+        assert np.array_equal(v.token_ids, ids), f"row {i}: tokens differ"
+        assert np.array_equal(v.mask, mask), f"row {i}: mask differs"
+        assert np.array_equal(v.logprobs, lp), f"row {i}: logprobs differ"
+
+
+# ---------------------------------------------------------------------- verl
+def test_verl_layout(trajs):
+    b = to_verl(trajs, pad_token_id=-7)
+    assert isinstance(b, VerlBatch) and len(b) == len(trajs)
+    t = b.tensors
+    B = len(trajs)
+    P = max(x.prompt_len for x in trajs)
+    R = max(len(x) - x.prompt_len for x in trajs)
+    assert (b.prompt_length, b.response_length) == (P, R)
+    shapes = {k: tuple(v.shape) for k, v in t.items()}
+    assert shapes == {
+        "prompts": (B, P),
+        "responses": (B, R),
+        "response_mask": (B, R),
+        "input_ids": (B, P + R),
+        "attention_mask": (B, P + R),
+        "position_ids": (B, P + R),
+        "rollout_log_probs": (B, R),
+        "token_level_rewards": (B, R),
+    }
+    for k in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+        assert t[k].dtype == torch.int64, k
+    assert t["rollout_log_probs"].dtype == t["token_level_rewards"].dtype == torch.float32
+    assert torch.equal(t["input_ids"], torch.cat([t["prompts"], t["responses"]], dim=1))
+    expect_pos = torch.clip(torch.cumsum(t["attention_mask"], dim=-1) - 1, min=0)
+    assert torch.equal(t["position_ids"], expect_pos)
+
+    for i, x in enumerate(trajs):
+        pl, rl = x.prompt_len, len(x) - x.prompt_len
+        attn, ids = t["attention_mask"][i], t["input_ids"][i]
+        # Left padding before the prompt, right padding after the response.
+        assert attn.tolist() == [0] * (P - pl) + [1] * pl + [1] * rl + [0] * (R - rl)
+        assert (ids[attn == 0] == -7).all()
+        assert t["prompts"][i, P - pl :].tolist() == x.token_ids[:pl].tolist()
+        assert t["responses"][i, :rl].tolist() == x.token_ids[pl:].tolist()
+        # Positions count real tokens only: 0..L-1 on the real tokens.
+        assert t["position_ids"][i][attn == 1].tolist() == list(range(len(x)))
+        # response_mask is 1 exactly on the action tokens.
+        rmask = t["response_mask"][i]
+        action_cols = {c - pl for s, e in x.action_spans for c in range(s, e)}
+        assert set(torch.nonzero(rmask).flatten().tolist()) == action_cols
+        lp = t["rollout_log_probs"][i]
+        assert (lp[rmask == 0] == 0).all() and not torch.isnan(lp).any()
+        assert lp[:rl].numpy().tolist() == np.nan_to_num(x.logprobs[pl:], nan=0.0).tolist()
+        # Each turn's reward on the last token of its action; the row sums to the return.
+        rew = t["token_level_rewards"][i]
+        for (_, e), a in zip(x.action_spans, x.actions):
+            assert rew[e - 1 - pl].item() == pytest.approx(a.reward)
+        ends = {e - 1 - pl for _, e in x.action_spans}
+        assert all(rew[c].item() == 0 for c in range(R) if c not in ends)
+        assert rew.sum().item() == pytest.approx(x.reward)
+
+
+def test_verl_non_tensors_are_one_entry_per_row(trajs):
+    nt = to_verl(trajs).non_tensors
+    for k, v in nt.items():
+        assert v.dtype == object and v.shape == (len(trajs),), k
+    assert nt["num_turns"].tolist() == [x.num_turns for x in trajs]
+    assert nt["turn_rewards"][3] == [0.25, -1.0, 2.0]
+    assert nt["tool_rewards"][3] == [0.1, 0.2] and nt["tool_rewards"][1] == []
+    assert nt["uid"].tolist() == [x.metadata["task_id"] for x in trajs]
+    assert nt["env_id"][0] == "ReplayEnv" and nt["env_id"][1] == "hand" and nt["seed"][2] == 1
+    assert nt["stop_reason"][2] == "max_turns" and nt["stop_reason"][1] == "done"
+    assert nt["conformance"][0]["mismatch"] == 0 and nt["conformance"][0]["turns_checked"] > 0
+    assert not any(nt["truncated_to_fit"])
+
+
+def test_equal_length_lists_stay_one_object_per_row():
+    """np.array([[..], [..]], dtype=object) would be 2-D; DataProto needs length-B arrays."""
+    same = [HAND[0], HAND[0]]
+    nt = to_verl(same).non_tensors
+    assert nt["turn_rewards"].shape == (2,) and nt["turn_rewards"][0] == [1.0]
+
+
+def test_verl_fixed_lengths_pad_and_round_trip(trajs):
+    P = max(x.prompt_len for x in trajs) + 3
+    R = max(len(x) - x.prompt_len for x in trajs) + 5
+    b = to_verl(trajs, prompt_length=P, response_length=R, pad_token_id=151643)
+    assert b.tensors["input_ids"].shape == (len(trajs), P + R)
+    assert (b.tensors["attention_mask"][:, :3] == 0).all() and (b.tensors["attention_mask"][:, -5:] == 0).all()
+    assert_same_tokens(from_verl(b), trajs)
+    assert_same_tokens(from_verl(b.tensors), trajs)
+
+
+def test_verl_overlong_error_names_the_row():
+    with pytest.raises(ValueError, match=r"trajectory 1: response has 10 tokens, response_length is 8"):
+        to_verl(HAND, response_length=8)
+    with pytest.raises(ValueError, match=r"trajectory 1: prompt has 5 tokens, prompt_length is 4"):
+        to_verl(HAND, prompt_length=4)
+    # The prompt is never cut, even when truncating responses.
+    with pytest.raises(ValueError, match="prompt has 5 tokens"):
+        to_verl(HAND, prompt_length=4, overlong="truncate")
+    with pytest.raises(ValueError, match="overlong"):
+        to_verl(HAND, overlong="drop")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no trajectories"):
+        to_verl([])
+
+
+def test_verl_truncate_cuts_the_response_end(trajs):
+    R = 5
+    b = to_verl(trajs, response_length=R, overlong="truncate")
+    t, nt = b.tensors, b.non_tensors
+    assert t["responses"].shape[1] == R
+    cut = [len(x) - x.prompt_len > R for x in trajs]
+    assert nt["truncated_to_fit"].tolist() == cut and any(cut) and not all(cut)
+    lengths = [x.prompt_len + min(len(x) - x.prompt_len, R) for x in trajs]
+    assert_same_tokens(from_verl(b), trajs, lengths)
+    # The row still sums to the return: rewards of cut turns move to the last kept action token.
+    for i, x in enumerate(trajs):
+        assert t["token_level_rewards"][i].sum().item() == pytest.approx(x.reward)
+    # HAND[1]: response [11 | 12 13 | 14 15 | 16 | 17 ...] cut to 5: turn 1's action ends at column 4.
+    row = trajs.index(HAND[1])
+    assert t["response_mask"][row].tolist() == [1, 0, 0, 1, 1]
+    assert t["token_level_rewards"][row].tolist() == [0.25, 0, 0, 0, -1.0 + 2.0]
+
+
+def test_verl_truncate_moves_rewards_of_cut_turns():
+    x = make([1], ([2, 3], [-0.1, -0.2], 1.0, [4]), ([5], [-0.3], 0.5, None))
+    b = to_verl([x], response_length=3, overlong="truncate")
+    assert b.tensors["token_level_rewards"][0].tolist() == [0.0, 1.5, 0.0]
+    # An empty first action: no action token survives, so the reward lands on the last kept token.
+    y = make([1], ([], None, 0.0, [3, 4, 5]), ([6], None, 1.0, None))
+    z = make([1, 2], ([3], None, 0.0, [4]), ([5], None, 0.0, None))  # no reward to move
+    b = to_verl([y, z], response_length=2, overlong="truncate")
+    assert b.tensors["response_mask"].tolist() == [[0, 0], [1, 0]]
+    assert b.tensors["token_level_rewards"].tolist() == [[0.0, 1.0], [0.0, 0.0]]
+    with pytest.raises(ValueError, match="no token to carry"):
+        to_verl([x], response_length=0, overlong="truncate")
+
+
+def test_missing_logprobs_are_zero_not_nan():
+    b = to_verl([HAND[1]])
+    lp = b.tensors["rollout_log_probs"][0]
+    assert lp.tolist()[3:5] == [0.0, 0.0] and not torch.isnan(lp).any()  # turn 1 had no logprobs
+    assert not torch.isnan(to_packed([HAND[1]]).logprobs).any()
+
+
+# ----------------------------------------------------------------------- TRL
+def test_trl_layout_and_round_trip(trajs):
+    d = to_trl(trajs)
+    assert set(d) == {"prompt_ids", "completion_ids", "logprobs", "env_mask"}
+    for i, x in enumerate(trajs):
+        pl = x.prompt_len
+        assert d["prompt_ids"][i] == x.token_ids[:pl].tolist()
+        assert d["completion_ids"][i] == x.token_ids[pl:].tolist()
+        assert len(d["logprobs"][i]) == len(d["env_mask"][i]) == len(d["completion_ids"][i])
+        assert d["env_mask"][i] == x.mask[pl:].tolist()
+        assert all(type(v) is int for v in d["completion_ids"][i] + d["env_mask"][i])
+        assert all(type(v) is float for v in d["logprobs"][i])
+    assert d["env_mask"][3] == [1, 0, 0, 1, 1, 0, 1, 1, 1, 1]
+    assert d["logprobs"][3][:5] == pytest.approx([-0.5, 0.0, 0.0, 0.0, 0.0])
+    assert_same_tokens(from_trl(d), trajs)
+
+
+# -------------------------------------------------------------------- packed
+def test_packed_layout(trajs):
+    p = to_packed(trajs)
+    assert isinstance(p, PackedBatch) and len(p) == len(trajs)
+    lens = [len(x) for x in trajs]
+    T = sum(lens)
+    assert p.cu_seqlens.dtype == torch.int32 and p.cu_seqlens.tolist() == np.cumsum([0, *lens]).tolist()
+    assert p.max_seqlen == max(lens)
+    for k in ("input_ids", "position_ids", "loss_mask", "seq_index"):
+        assert getattr(p, k).dtype == torch.int64 and getattr(p, k).shape == (T,), k
+    assert p.logprobs.dtype == p.token_rewards.dtype == torch.float32
+    assert p.position_ids.tolist() == [j for n in lens for j in range(n)]
+    assert p.seq_index.tolist() == [i for i, n in enumerate(lens) for _ in range(n)]
+    assert p.advantages is None
+    for i, x in enumerate(trajs):
+        assert p.token_rewards[p.seq_index == i].sum().item() == pytest.approx(x.reward)
+    assert_same_tokens(from_packed(p), trajs)
+
+
+def test_packed_equals_padded(trajs):
+    """Same tokens, masks, logprobs and rewards, with or without padding."""
+    b, p = to_verl(trajs).tensors, to_packed(trajs)
+    P = b["prompts"].shape[1]
+    for i, (a, z) in enumerate(zip(p.cu_seqlens[:-1].tolist(), p.cu_seqlens[1:].tolist())):
+        real = b["attention_mask"][i] == 1
+        real_resp = real[P:]
+        pl = int(real[:P].sum())
+        assert torch.equal(p.input_ids[a:z], b["input_ids"][i][real])
+        assert torch.equal(p.position_ids[a:z], b["position_ids"][i][real])
+        assert torch.equal(p.loss_mask[a + pl : z], b["response_mask"][i][real_resp])
+        assert not p.loss_mask[a : a + pl].any()
+        assert torch.equal(p.logprobs[a + pl : z], b["rollout_log_probs"][i][real_resp])
+        assert torch.equal(p.token_rewards[a + pl : z], b["token_level_rewards"][i][real_resp])
+
+
+# ---------------------------------------------------------------------- GRPO
+def rewarded(task, reward):
+    return make([1], ([2, 3], [-0.1, -0.2], reward, None), task_id=task)
+
+
+GROUPED = [
+    rewarded("A", 1.0),
+    rewarded("B", 2.0),
+    rewarded("A", 0.0),
+    rewarded("C", 3.0),
+    rewarded("A", 0.5),
+    rewarded("B", 2.0),
+]
+
+
+def test_group_by_task():
+    assert group_by_task(GROUPED) == {"A": [0, 2, 4], "B": [1, 5], "C": [3]}
+    assert list(group_by_task(GROUPED)) == ["A", "B", "C"]
+    assert group_by_task(GROUPED, key=lambda t: t.reward > 1) == {False: [0, 2, 4], True: [1, 3, 5]}
+    with pytest.raises(ValueError, match="trajectory 1 has no group key"):
+        group_by_task([GROUPED[0], Trajectory(HAND[0].segments)])
+
+
+def test_grpo_advantages_by_hand():
+    # A: rewards 1, 0, 0.5 -> mean 0.5, sample std sqrt((0.25 + 0.25 + 0) / 2) = 0.5.
+    # B: 2, 2 -> std 0, advantage 0.  C: a group of one has no baseline -> 0.
+    eps = 1e-6
+    adv = grpo_advantages(GROUPED, eps=eps)
+    s = 0.5 / (0.5 + eps)
+    assert adv.dtype == np.float32 and adv.shape == (6,)
+    np.testing.assert_allclose(adv, [s, 0.0, -s, 0.0, 0.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(grpo_advantages(GROUPED, normalize_std=False), [0.5, 0, -0.5, 0, 0, 0])
+    # Population std (ddof=0) for A: sqrt(1/6).
+    population = grpo_advantages(GROUPED, eps=0.0, ddof=0)
+    np.testing.assert_allclose(population[[0, 2, 4]], np.array([0.5, -0.5, 0.0]) * 6**0.5, rtol=1e-6)
+    one_group = grpo_advantages(GROUPED, key=lambda t: "all", normalize_std=False)
+    np.testing.assert_allclose(one_group[3], 3.0 - 8.5 / 6, rtol=1e-6)
+
+
+def test_advantages_broadcast_on_action_tokens(trajs):
+    adv = np.arange(len(trajs), dtype=np.float32) + 1.0
+    b, p = to_verl(trajs, advantages=adv).tensors, to_packed(trajs, advantages=adv)
+    assert b["advantages"].dtype == p.advantages.dtype == torch.float32
+    assert b["advantages"].shape == b["response_mask"].shape
+    assert torch.equal(b["advantages"], b["response_mask"].float() * torch.from_numpy(adv)[:, None])
+    assert torch.equal(p.advantages, p.loss_mask.float() * torch.from_numpy(adv)[p.seq_index])
+    with pytest.raises(ValueError, match="one value per trajectory"):
+        to_verl(trajs, advantages=adv[:2])
+    with pytest.raises(ValueError, match="one value per trajectory"):
+        to_packed(trajs, advantages=adv[:2])
+    g = grpo_advantages(GROUPED)
+    assert to_verl(GROUPED, advantages=g).tensors["advantages"][0].tolist() == pytest.approx([g[0], g[0]])

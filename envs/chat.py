@@ -230,7 +230,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             else:
                 obs_ids = obs.ids
                 has_user = any(m.get("role") == "user" for m in new)
-                self._pieces.append(Piece("observation", turn, tuple(obs_ids), obs.text, has_user=has_user))
+                self._pieces.append(Piece("observation", turn, tuple(obs_ids), obs.text, has_user=has_user, n_messages=len(new)))
                 self._num_tokens += len(obs_ids)
                 self._messages.extend(copy.deepcopy(new))
 

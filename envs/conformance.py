@@ -50,6 +50,7 @@ class Piece:
     ids: tuple[int, ...]
     text: str
     has_user: bool = False  # an observation that renders a real user message
+    n_messages: int = 1  # messages rendered in this piece (an observation may render none)
 
 
 @dataclass(frozen=True)
@@ -123,21 +124,24 @@ def _known_variants(
     """Stream texts with known template behaviours applied: all together first, then each alone."""
     last_user = max((i for i, p in enumerate(pieces) if p.has_user or p.kind == "prompt"), default=-1)
     last_action = max((i for i, p in enumerate(pieces) if p.kind == "action"), default=-1)
+    # The template keeps a think block on the conversation's last message only.
+    last_is_action = all(p.n_messages == 0 for p in pieces[last_action + 1 :])
+    last_message = last_action if last_is_action else -1
     edits: list[tuple[KnownBehaviour, int, str]] = []
     for i, p in enumerate(pieces):
         followed_by_action = i + 1 < len(pieces) and pieces[i + 1].kind == "action"
         if p.kind != "action" and p.text.endswith(_EMPTY_THINK) and followed_by_action:
             # enable_thinking=False: the empty block sits in the generation prompt, before the action
-            if not (final and i + 1 == last_action):
+            if i + 1 != last_message:
                 edits.append((KnownBehaviour.EMPTY_THINK_DROPPED, i, p.text[: -len(_EMPTY_THINK)]))
             continue
         if p.kind != "action" or "</think>" not in p.text:
             continue
         if i < last_user:
             edits.append((KnownBehaviour.REASONING_DROPPED, i, _strip_reasoning(p.text)))
-        elif _EMPTY_THINK in p.text and not (final and i == last_action):
+        elif _EMPTY_THINK in p.text and i != last_message:
             edits.append((KnownBehaviour.EMPTY_THINK_DROPPED, i, p.text.replace(_EMPTY_THINK, "", 1)))
-    if final and last_action > last_user and "<think>" not in pieces[last_action].text:
+    if last_message > last_user and "<think>" not in pieces[last_action].text:
         edits.append((KnownBehaviour.EMPTY_THINK_ADDED, last_action, _EMPTY_THINK + pieces[last_action].text))
     groups = [edits] + [[e for e in edits if e[0] is b] for b in KnownBehaviour]
     variants = []

@@ -20,6 +20,7 @@ tokenized as plain text, never as a control token.
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,8 +33,6 @@ Message = dict[str, Any]
 
 SENTINEL_USER = "tokengym-user-7f3a"
 SENTINEL_ASSISTANT = "tokengym-assistant-7f3a"
-_PLACEHOLDER = "\ue000{}\ue001"
-_PLACEHOLDER_RE = re.compile("\ue000(\\d+)\ue001")
 _PROTECTED_FIELDS = ("content", "reasoning_content")
 
 
@@ -78,6 +77,10 @@ class ChatRenderer:
         self.name: str = str(getattr(tok, "name_or_path", "") or type(tok).__name__)
         self._backend = getattr(tok, "backend_tokenizer", None)
         self._plain_backend: Any = None
+        # Placeholders for protected text carry a random marker no message can anticipate.
+        marker = secrets.token_hex(6)
+        self._placeholder = "\ue000" + marker + "-{}\ue001"
+        self._placeholder_re = re.compile("\ue000" + marker + "-(\\d+)\ue001")
         self.special_ids: frozenset[int] = frozenset(tok.all_special_ids) | frozenset(
             i for i, t in getattr(tok, "added_tokens_decoder", {}).items() if getattr(t, "special", False)
         )
@@ -174,8 +177,13 @@ class ChatRenderer:
                 value = msg.get(field)
                 if isinstance(value, str) and self.has_special_text(value):
                     changed = dict(msg) if changed is None else changed
-                    changed[field] = _PLACEHOLDER.format(len(subs))
-                    subs.append(value)
+                    # Edge whitespace stays outside the placeholder, so templates that strip
+                    # content (Qwen3 lstrips after </think>) treat it as they would the real text.
+                    core = value.strip()
+                    head = value[: len(value) - len(value.lstrip())]
+                    tail = value[len(value.rstrip()) :] if core else ""
+                    changed[field] = head + self._placeholder.format(len(subs)) + tail
+                    subs.append(core)
             out.append(changed if changed is not None else msg)
         return out, subs
 
@@ -195,7 +203,10 @@ class ChatRenderer:
             return Rendered(piece, self.encode(piece))
         ids: list[int] = []
         texts: list[str] = []
-        for i, part in enumerate(_PLACEHOLDER_RE.split(piece)):
+        parts = self._placeholder_re.split(piece)
+        if len(self._placeholder_re.findall(text)) != len(subs):
+            raise TemplateError("the chat template repeated or dropped message content; cannot tokenize it safely")
+        for i, part in enumerate(parts):
             if i % 2:
                 content = subs[int(part)]
                 ids += self.encode_plain(content)

@@ -39,6 +39,8 @@ class KnownBehaviour(str, Enum):
     """The template removes an empty ``<think></think>`` block from assistant turns that are not last."""
     EMPTY_THINK_ADDED = "empty_think_added"
     """The template adds an empty ``<think></think>`` block to a final assistant turn without one."""
+    THINK_RESPACED = "think_respaced"
+    """The template rewrites the line breaks around a kept ``<think>`` block and its content."""
 
 
 @dataclass(frozen=True)
@@ -114,46 +116,66 @@ def _matches(actual: str, expected: str, final: bool, turn_end_text: str) -> boo
     return rest.strip() == "" or (bool(turn_end_text) and rest.startswith(turn_end_text) and rest[len(turn_end_text) :].strip() == "")
 
 
-def _strip_reasoning(text: str) -> str:
-    return text.split("</think>")[-1].lstrip("\n")
+def _split_think(text: str) -> tuple[str, str]:
+    """(reasoning, content) the way Qwen3's template splits an assistant message's text."""
+    if "</think>" not in text:
+        return "", text
+    content = text.split("</think>")[-1].lstrip("\n")
+    reasoning = text.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+    return reasoning, content
+
+
+def _think_form(text: str, keep: bool) -> str:
+    """What a Qwen3-style template writes for an assistant turn whose raw text is ``text``."""
+    reasoning, content = _split_think(text)
+    if keep:
+        return "<think>\n" + reasoning.strip("\n") + "\n</think>\n\n" + content.lstrip("\n")
+    return content
 
 
 def _known_variants(
     pieces: Sequence[Piece], final: bool
 ) -> list[tuple[tuple[KnownBehaviour, ...], tuple[int, ...], list[str]]]:
-    """Stream texts with known template behaviours applied: all together first, then each alone."""
+    """The stream's text as a Qwen3-style template rewrites think blocks, if that changes anything.
+
+    Such templates keep ``<think>`` only on assistant turns after the last user message,
+    and there only on the conversation's last message or where the reasoning is not empty;
+    a kept block is re-spaced and an empty one is added where missing. With
+    ``enable_thinking=False`` the empty block sits at the end of the generation prompt, so it
+    is handled as part of the action that follows it.
+    """
     last_user = max((i for i, p in enumerate(pieces) if p.has_user or p.kind == "prompt"), default=-1)
     last_action = max((i for i, p in enumerate(pieces) if p.kind == "action"), default=-1)
-    # The template keeps a think block on the conversation's last message only.
     last_is_action = all(p.n_messages == 0 for p in pieces[last_action + 1 :])
     last_message = last_action if last_is_action else -1
-    edits: list[tuple[KnownBehaviour, int, str]] = []
+    texts = [p.text for p in pieces]
+    behaviours: set[KnownBehaviour] = set()
+    turns: set[int] = set()
     for i, p in enumerate(pieces):
-        followed_by_action = i + 1 < len(pieces) and pieces[i + 1].kind == "action"
-        if p.kind != "action" and p.text.endswith(_EMPTY_THINK) and followed_by_action:
-            # enable_thinking=False: the empty block sits in the generation prompt, before the action
-            if i + 1 != last_message:
-                edits.append((KnownBehaviour.EMPTY_THINK_DROPPED, i, p.text[: -len(_EMPTY_THINK)]))
+        if p.kind != "action":
             continue
-        if p.kind != "action" or "</think>" not in p.text:
+        lead = _EMPTY_THINK if i > 0 and pieces[i - 1].kind != "action" and texts[i - 1].endswith(_EMPTY_THINK) else ""
+        raw = lead + p.text
+        reasoning, _ = _split_think(raw)
+        keep = i > last_user and (i == last_message or bool(reasoning))
+        new = _think_form(raw, keep)
+        if new == raw:
             continue
-        if i < last_user:
-            edits.append((KnownBehaviour.REASONING_DROPPED, i, _strip_reasoning(p.text)))
-        elif _EMPTY_THINK in p.text and i != last_message:
-            edits.append((KnownBehaviour.EMPTY_THINK_DROPPED, i, p.text.replace(_EMPTY_THINK, "", 1)))
-    if last_message > last_user and "<think>" not in pieces[last_action].text:
-        edits.append((KnownBehaviour.EMPTY_THINK_ADDED, last_action, _EMPTY_THINK + pieces[last_action].text))
-    groups = [edits] + [[e for e in edits if e[0] is b] for b in KnownBehaviour]
-    variants = []
-    for group in groups:
-        if not group or (group is not edits and len(group) == len(edits)):
-            continue
-        texts = [p.text for p in pieces]
-        for _, i, text in group:
-            texts[i] = text
-        behaviours = tuple(dict.fromkeys(e[0] for e in group))
-        variants.append((behaviours, tuple(sorted({pieces[e[1]].turn for e in group})), texts))
-    return variants
+        if lead:
+            texts[i - 1] = texts[i - 1][: -len(lead)]
+        texts[i] = new
+        turns.add(p.turn)
+        had_think = "</think>" in raw
+        if not keep:
+            behaviours.add(KnownBehaviour.REASONING_DROPPED if reasoning else KnownBehaviour.EMPTY_THINK_DROPPED)
+        elif not had_think:
+            behaviours.add(KnownBehaviour.EMPTY_THINK_ADDED)
+        else:
+            behaviours.add(KnownBehaviour.THINK_RESPACED)
+    if not behaviours:
+        return []
+    ordered = tuple(b for b in KnownBehaviour if b in behaviours)
+    return [(ordered, tuple(sorted(turns)), texts)]
 
 
 def _locate(pieces: Sequence[Piece], char: int, decode: Callable[[Sequence[int]], str]) -> tuple[int, int, int]:

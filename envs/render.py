@@ -36,6 +36,15 @@ SENTINEL_ASSISTANT = "tokengym-assistant-7f3a"
 _PROTECTED_FIELDS = ("content", "reasoning_content")
 
 
+def _without_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(call)
+    if isinstance(out.get("function"), Mapping):
+        out["function"] = {**out["function"], "arguments": {}}
+    elif "arguments" in out:
+        out["arguments"] = {}
+    return out
+
+
 class TemplateError(ValueError):
     """The chat template cannot be used the way a token-faithful episode needs."""
 
@@ -203,10 +212,8 @@ class ChatRenderer:
             return Rendered(piece, self.encode(piece))
         ids: list[int] = []
         texts: list[str] = []
-        parts = self._placeholder_re.split(piece)
-        if len(self._placeholder_re.findall(text)) != len(subs):
-            raise TemplateError("the chat template repeated or dropped message content; cannot tokenize it safely")
-        for i, part in enumerate(parts):
+        # A template may drop protected text (Qwen2.5 never renders reasoning_content) or repeat it.
+        for i, part in enumerate(self._placeholder_re.split(piece)):
             if i % 2:
                 content = subs[int(part)]
                 ids += self.encode_plain(content)
@@ -257,7 +264,9 @@ class ChatRenderer:
         """
         assistant: Message = {"role": "assistant", "content": SENTINEL_ASSISTANT}
         if assistant_tool_calls:
-            assistant["tool_calls"] = [dict(c) for c in assistant_tool_calls]
+            # Ids and names steer templates that pair calls with results; the arguments are
+            # rendered before the cut, and text in them must not look like an end of turn.
+            assistant["tool_calls"] = [_without_arguments(c) for c in assistant_tool_calls]
         base = [{"role": "user", "content": SENTINEL_USER}, assistant]
         bridge = self._render_ids(
             [*base, *new_messages], tools, add_generation_prompt=add_generation_prompt, cut=self._after_assistant
@@ -278,25 +287,24 @@ class ChatRenderer:
         user = {"role": "user", "content": SENTINEL_USER}
         prefix = self.render_text([user], tools, add_generation_prompt=True)
 
-        def cut(text: str) -> tuple[int, int]:
-            if text.startswith(prefix):
-                start = len(prefix)
-            else:  # the template's opening depends on the conversation: find the turn's start itself
-                found = text.find(self.generation_prompt, text.find(SENTINEL_USER))
-                if found < 0 or not self.generation_prompt:
-                    raise TemplateError(
-                        "the template renders this assistant turn so that it does not start with the "
-                        f"generation prompt {self.generation_prompt!r}; cannot derive the assistant's tokens "
-                        "(a message with reasoning under enable_thinking=false does this: drop its "
-                        "reasoning_content or enable thinking)"
-                    )
-                start = found + len(self.generation_prompt)
-            end = len(text)
-            if self.turn_end_text:
-                found = text.rfind(self.turn_end_text)
-                if found < start:
-                    raise TemplateError("the template did not close the assistant turn")
-                end = found + len(self.turn_end_text)
-            return start, end
-
-        return self._render_ids([user, message], tools, add_generation_prompt=False, cut=cut)
+        text = self.render_text([user, message], tools, add_generation_prompt=False)
+        if text.startswith(prefix):
+            start = len(prefix)
+        else:  # the template's opening depends on the conversation: find the turn's start itself
+            found = text.find(self.generation_prompt, text.find(SENTINEL_USER))
+            if found < 0 or not self.generation_prompt:
+                raise TemplateError(
+                    "the template renders this assistant turn so that it does not start with the "
+                    f"generation prompt {self.generation_prompt!r}; cannot derive the assistant's tokens "
+                    "(a message with reasoning under enable_thinking=false does this: drop its "
+                    "reasoning_content or enable thinking)"
+                )
+            start = found + len(self.generation_prompt)
+        end = len(text)
+        if self.turn_end_text:
+            found = text.rfind(self.turn_end_text)
+            if found < start:
+                raise TemplateError("the template did not close the assistant turn")
+            end = found
+        # Everything the model writes is text; only the closing end-of-turn is a control token.
+        return Rendered(text[start:end] + self.turn_end_text, self.encode_plain(text[start:end]) + list(self.turn_end_ids))

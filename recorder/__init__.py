@@ -10,6 +10,7 @@ from .batches import (
     to_verl,
 )
 from .segments import Segment, SegmentKind
+from .store import TrajectoryWriter, read_table, read_trajectories, tokenizer_fingerprint
 from .trajectory import Trajectory, summarize_conformance
 from .wrapper import RecordEpisodes
 
@@ -26,4 +27,8 @@ __all__ = [
     "to_packed",
     "to_trl",
     "to_verl",
+    "TrajectoryWriter",
+    "read_table",
+    "read_trajectories",
+    "tokenizer_fingerprint",
 ]

@@ -9,6 +9,7 @@ from .batches import (
     to_trl,
     to_verl,
 )
+from .rollout import RolloutResult, RolloutStats, rollout, summary_table
 from .segments import Segment, SegmentKind
 from .store import TrajectoryWriter, read_table, read_trajectories, tokenizer_fingerprint
 from .trajectory import Trajectory, summarize_conformance
@@ -17,13 +18,17 @@ from .wrapper import RecordEpisodes
 __all__ = [
     "PackedBatch",
     "RecordEpisodes",
+    "RolloutResult",
+    "RolloutStats",
     "Segment",
     "SegmentKind",
     "Trajectory",
     "VerlBatch",
     "group_by_task",
     "grpo_advantages",
+    "rollout",
     "summarize_conformance",
+    "summary_table",
     "to_packed",
     "to_trl",
     "to_verl",

@@ -1,0 +1,116 @@
+"""The policy protocol: token-id contexts in, generated token ids and their logprobs out.
+
+A policy never sees text. It is given the exact token context an environment built and
+returns the exact tokens it sampled, so nothing is decoded and re-encoded between the
+engine and the trainer. Each result says why generation stopped and which kind of
+logprob it carries: ``"raw"`` (log-softmax of the model's own logits over the whole
+vocabulary, what a trainer's forward pass recomputes) or ``"processed"`` (after
+temperature / top-k / top-p, renormalized: off from the trainer's value by the log of the
+kept probability mass).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["FinishReason", "Generation", "LogprobKind", "Policy", "SamplingParams"]
+
+FinishReason = Literal["stop", "stop_string", "length"]
+LogprobKind = Literal["raw", "processed", "none"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one request.
+
+    ``stop_token_ids`` end generation and are kept in the output (the end-of-turn token
+    belongs to the policy's action); ``stop_strings`` end it as soon as the decoded output
+    ends with one of them (the string's tokens are kept too). ``seed`` makes one request
+    reproducible whatever else is in the batch.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return SamplingParams(**{**asdict(self), **changes})
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["stop_token_ids"] = list(self.stop_token_ids)
+        d["stop_strings"] = list(self.stop_strings)
+        return d
+
+
+@dataclass(frozen=True, eq=False)
+class Generation:
+    """One request's result: the sampled ids (stop token included), their logprobs, why it stopped."""
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray | None
+    finish_reason: FinishReason
+    logprob_kind: LogprobKind = "raw"
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ids = np.asarray(self.token_ids, dtype=np.int64).reshape(-1)
+        object.__setattr__(self, "token_ids", ids)
+        if self.logprobs is not None:
+            lp = np.asarray(self.logprobs, dtype=np.float32).reshape(-1)
+            if lp.shape != ids.shape:
+                raise ValueError(f"{len(lp)} logprobs for {len(ids)} generated tokens")
+            object.__setattr__(self, "logprobs", lp)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Anything that generates token ids from token-id contexts."""
+
+    name: str
+    logprob_kind: LogprobKind
+
+    def generate(
+        self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Generation]: ...
+
+
+def per_request(sampling: SamplingParams | Sequence[SamplingParams], n: int) -> list[SamplingParams]:
+    """One SamplingParams per request."""
+    if isinstance(sampling, SamplingParams):
+        return [sampling] * n
+    out = list(sampling)
+    if len(out) != n:
+        raise ValueError(f"{len(out)} sampling settings for {n} contexts")
+    return out
+
+
+async def agenerate(
+    policy: Policy, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+) -> list[Generation]:
+    """The async form for any policy: its own ``agenerate`` when it has one, else a worker thread."""
+    native = getattr(policy, "agenerate", None)
+    if native is not None:
+        return await native(contexts, sampling)
+    return await asyncio.to_thread(policy.generate, contexts, sampling)

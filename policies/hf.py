@@ -1,0 +1,150 @@
+"""A transformers policy: batched sampling with per-request seeds, stops and raw logprobs.
+
+``model.generate`` hides what matters for RL: it shares one random generator across the
+batch (no per-request seeds), returns scores after the logits processors, and applies
+stop criteria to the whole batch. This adapter runs its own small decode loop over a
+KV cache instead: left-padded contexts, position ids from the attention mask, one
+``torch.Generator`` per request, and the log-softmax of the model's own logits for
+every sampled token (``logprob_kind="raw"``), which is what a trainer's forward pass
+recomputes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .base import Generation, SamplingParams, per_request
+
+__all__ = ["HFPolicy"]
+
+
+def _filter_logits(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k and top-p applied to one row of float32 logits."""
+    out = logits / sp.temperature
+    if sp.top_k and sp.top_k < out.numel():
+        kth = torch.topk(out, sp.top_k).values[-1]
+        out = out.masked_fill(out < kth, float("-inf"))
+    if sp.top_p < 1.0:
+        sorted_logits, order = torch.sort(out, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        drop = torch.cumsum(probs, dim=-1) - probs >= sp.top_p
+        out = out.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return out
+
+
+class HFPolicy:
+    """Generates with a Hugging Face causal LM.
+
+    Args:
+        model: a ``PreTrainedModel`` (or a path / hub name, loaded with ``AutoModelForCausalLM``).
+        tokenizer: needed only for stop strings (to decode the tail of the output).
+        device: where to run; the model is moved there.
+        pad_token_id: written on padding positions (they are masked; any id in the vocabulary works).
+        model_kwargs: extra ``from_pretrained`` arguments when ``model`` is a name.
+    """
+
+    logprob_kind = "raw"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        device: str | torch.device = "cpu",
+        pad_token_id: int = 0,
+        model_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if isinstance(model, str):
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(model, **(model_kwargs or {}))
+        self.model = model.to(device).eval()
+        self.device = torch.device(device)
+        self.tokenizer = tokenizer
+        self.pad_token_id = pad_token_id
+        self.name = f"hf:{getattr(model, 'name_or_path', '') or type(model).__name__}"
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+
+    @torch.inference_mode()
+    def generate(
+        self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Generation]:
+        """Sample a continuation for every context; stop tokens and stop strings stay in the output."""
+        params = per_request(sampling, len(contexts))
+        if not contexts:
+            return []
+        if any(len(c) == 0 for c in contexts):
+            raise ValueError("every context needs at least one token")
+        if self.tokenizer is None and any(p.stop_strings for p in params):
+            raise ValueError("stop strings need the tokenizer: HFPolicy(model, tokenizer)")
+        n = len(contexts)
+        width = max(len(c) for c in contexts)
+        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((n, width), dtype=torch.long)
+        for i, c in enumerate(contexts):
+            ids[i, width - len(c) :] = torch.as_tensor(list(c), dtype=torch.long)
+            attention[i, width - len(c) :] = 1
+        ids, attention = ids.to(self.device), attention.to(self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        generators = []
+        for p in params:
+            g = torch.Generator(device=self.device)
+            g.manual_seed(p.seed if p.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+            generators.append(g)
+
+        out_ids: list[list[int]] = [[] for _ in range(n)]
+        out_lp: list[list[float]] = [[] for _ in range(n)]
+        finish: list[str | None] = [None] * n
+        steps = max(p.max_tokens for p in params)
+        past = None
+        step_ids, step_pos, mask = ids, positions, attention
+        for _ in range(steps):
+            result = self.model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=step_pos,
+                past_key_values=past,
+                use_cache=True,
+                logits_to_keep=1,  # the prefill would otherwise materialize logits for every context token
+            )
+            past = result.past_key_values
+            logits = result.logits[:, -1, :].float()
+            logprobs = torch.log_softmax(logits, dim=-1)
+            next_ids = torch.full((n,), self.pad_token_id, dtype=torch.long, device=self.device)
+            for i, p in enumerate(params):
+                if finish[i] is not None:
+                    continue
+                if p.temperature == 0:
+                    tok = int(torch.argmax(logits[i]))
+                else:
+                    probs = torch.softmax(_filter_logits(logits[i], p), dim=-1)
+                    tok = int(torch.multinomial(probs, 1, generator=generators[i]))
+                next_ids[i] = tok
+                out_ids[i].append(tok)
+                out_lp[i].append(float(logprobs[i, tok]))
+                finish[i] = self._finished(out_ids[i], p)
+            if all(f is not None for f in finish):
+                break
+            step_ids = next_ids[:, None]
+            step_pos = step_pos[:, -1:] + 1
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], dim=1)
+        return [
+            Generation(np.array(out_ids[i]), np.array(out_lp[i]), finish[i] or "length", self.logprob_kind)  # type: ignore[arg-type]
+            for i in range(n)
+        ]
+
+    def _finished(self, out: list[int], p: SamplingParams) -> str | None:
+        if out[-1] in p.stop_token_ids:
+            return "stop"
+        if p.stop_strings:
+            tail = self.tokenizer.decode(out[-16:], skip_special_tokens=False)
+            if any(tail.endswith(s) for s in p.stop_strings):
+                return "stop_string"
+        if len(out) >= p.max_tokens:
+            return "length"
+        return None

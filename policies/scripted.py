@@ -1,0 +1,67 @@
+"""A scripted policy: replies chosen by a function of the context, for tests and demos.
+
+It goes through the same protocol as a real engine, so an episode driven by a script
+exercises exactly the code a model-driven episode does; its tokens come from the
+tokenizer (text replies) or are given as ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .base import Generation, SamplingParams, per_request
+
+__all__ = ["ScriptedPolicy"]
+
+Reply = str | Sequence[int] | np.ndarray
+
+
+class ScriptedPolicy:
+    """Replies with ``script(context)``: text (tokenized, then ``end_ids`` appended) or token ids.
+
+    Replies are cut to the request's ``max_tokens`` (finish reason ``"length"``). No
+    logprobs are produced (``logprob_kind="none"``).
+    """
+
+    logprob_kind = "none"
+
+    def __init__(
+        self,
+        script: Callable[[np.ndarray], Reply],
+        tokenizer: Any = None,
+        *,
+        end_ids: Sequence[int] = (),
+        name: str = "scripted",
+    ) -> None:
+        self.script = script
+        self.tokenizer = tokenizer
+        self.end_ids = [int(i) for i in end_ids]
+        self.name = name
+
+    def _ids(self, reply: Reply) -> list[int]:
+        if isinstance(reply, str):
+            if self.tokenizer is None:
+                raise ValueError("a text reply needs ScriptedPolicy(..., tokenizer=...)")
+            return list(self.tokenizer.encode(reply, add_special_tokens=False)) + self.end_ids
+        return [int(i) for i in reply]
+
+    def generate(
+        self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Generation]:
+        out = []
+        for context, p in zip(contexts, per_request(sampling, len(contexts))):
+            ids = self._ids(self.script(np.asarray(context, dtype=np.int64)))
+            if not ids:
+                raise ValueError("the script returned an empty reply")
+            finish = "stop"  # the script ended the reply
+            if len(ids) > p.max_tokens:
+                ids, finish = ids[: p.max_tokens], "length"
+            elif ids[-1] not in p.stop_token_ids and p.stop_strings and self.tokenizer is not None:
+                tail = self.tokenizer.decode(ids[-16:])
+                if any(tail.endswith(s) for s in p.stop_strings):
+                    finish = "stop_string"
+            out.append(Generation(np.array(ids), None, finish, self.logprob_kind))  # type: ignore[arg-type]
+        return out

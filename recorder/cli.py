@@ -159,6 +159,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if np.all(mask[: traj.prompt_len] == 0) else 1
 
 
+def cmd_rollout(args: argparse.Namespace) -> int:
+    import gymnasium as gym
+
+    import tokengym.envs  # noqa: F401  (registers the tokengym/ envs)
+    from tokengym.policies import HFPolicy, SamplingParams
+    from tokengym.recorder import TrajectoryWriter, rollout, summary_table
+
+    if args.policy != "hf":
+        raise ValueError(f"--policy {args.policy} is not available yet; use --policy hf")
+    if args.env_id not in gym.registry:
+        raise ValueError(f"unknown environment {args.env_id!r}; registered: {', '.join(tokengym.envs.registered_envs())}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype="float32")
+    policy = HFPolicy(model, tokenizer, device=args.device)
+    env_kwargs = {"tokenizer": tokenizer, "max_turns": args.max_turns}
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    with TrajectoryWriter(args.out, tokenizer=tokenizer) as writer:
+        result = rollout(
+            args.env_id, policy, episodes=args.episodes, concurrency=args.concurrency, sampling=sampling,
+            seed=args.seed, env_kwargs=env_kwargs, on_episode=writer.write, progress=not args.quiet,
+        )
+    print(summary_table(result.stats))
+    print(f"\n{len(result.trajectories)} trajectories written to {args.out}")
+    if result.interrupted:
+        print("interrupted: every finished episode was kept")
+    return 130 if result.interrupted else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokengym", description="Token-in/token-out gymnasium environments for LLM agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -176,6 +206,23 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("names", nargs="*", help="default: all")
     f.add_argument("--force", action="store_true")
     f.set_defaults(func=cmd_fetch_tokenizers)
+
+    r = sub.add_parser("rollout", help="run episodes of an env with a policy and record them")
+    r.add_argument("env_id", help="a registered id, e.g. tokengym/Replay-v0")
+    r.add_argument("--policy", choices=["hf", "vllm", "openai"], default="hf")
+    r.add_argument("--model", required=True, help="local folder or hub name of a causal LM")
+    r.add_argument("--tokenizer", help="default: the model's")
+    r.add_argument("--device", default="cpu")
+    r.add_argument("--episodes", type=int, default=8)
+    r.add_argument("--concurrency", type=int, default=4)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--temperature", type=float, default=1.0)
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--max-tokens", type=int, default=256)
+    r.add_argument("--max-turns", type=int, default=8)
+    r.add_argument("--out", default="tokengym-runs/rollout", help="folder of the Parquet store")
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(func=cmd_rollout)
 
     e = sub.add_parser("envs", help="list the registered environments")
     e.set_defaults(func=cmd_envs)

@@ -158,3 +158,21 @@ def test_ctrl_c_keeps_every_finished_episode(qwen25):
     )
     assert result.interrupted and len(result.trajectories) == 3
     assert [t.metadata["episode"] for t in result.trajectories] == [0, 1, 2]
+
+
+def test_rollout_cli_writes_a_readable_store(tiny, qwen3, tmp_path, capsys):
+    from tokengym.recorder import read_trajectories
+    from tokengym.recorder.cli import main
+
+    tiny.save_pretrained(tmp_path / "model")
+    qwen3.save_pretrained(tmp_path / "model")
+    out = tmp_path / "store"
+    code = main([
+        "rollout", "tokengym/Replay-v0", "--model", str(tmp_path / "model"), "--episodes", "3",
+        "--concurrency", "2", "--max-tokens", "4", "--max-turns", "2", "--out", str(out), "--quiet",
+    ])
+    assert code == 0
+    assert "3 done, 0 failed" in capsys.readouterr().out
+    trajs = list(read_trajectories(out))
+    assert len(trajs) == 3 and all(t.num_turns == 2 and t.has_logprobs for t in trajs)
+    assert main(["rollout", "tokengym/Nope-v0", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "x")]) == 2

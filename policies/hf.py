@@ -14,8 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import inspect
+
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from .base import Generation, SamplingParams, per_request
 
@@ -69,6 +72,9 @@ class HFPolicy:
         self.pad_token_id = pad_token_id
         self.name = f"hf:{getattr(model, 'name_or_path', '') or type(model).__name__}"
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        # transformers renamed the KV-cache argument (past_key_values -> cache) within 5.x.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     @torch.inference_mode()
     def generate(
@@ -101,18 +107,17 @@ class HFPolicy:
         out_lp: list[list[float]] = [[] for _ in range(n)]
         finish: list[str | None] = [None] * n
         steps = max(p.max_tokens for p in params)
-        past = None
+        cache = DynamicCache()  # filled in place by every forward call
         step_ids, step_pos, mask = ids, positions, attention
         for _ in range(steps):
             result = self.model(
                 input_ids=step_ids,
                 attention_mask=mask,
                 position_ids=step_pos,
-                past_key_values=past,
                 use_cache=True,
+                **{self._cache_arg: cache},
                 logits_to_keep=1,  # the prefill would otherwise materialize logits for every context token
             )
-            past = result.past_key_values
             logits = result.logits[:, -1, :].float()
             logprobs = torch.log_softmax(logits, dim=-1)
             next_ids = torch.full((n,), self.pad_token_id, dtype=torch.long, device=self.device)

@@ -6,36 +6,90 @@ namespace, so ``gymnasium.make("tokengym/Replay-v0", tokenizer="qwen3")`` works.
 
 from gymnasium.envs.registration import register, registry
 
+from .builtin import CalculatorEnv, KeyValueEnv
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt, token_space
 from .conformance import Conformance, ConformanceError, KnownBehaviour
+from .parsers import (
+    PARSERS,
+    HermesParser,
+    Llama3JsonParser,
+    ParsedCall,
+    ToolCallParser,
+    detect_parser,
+    get_parser,
+    register_parser,
+)
 from .render import ChatRenderer, Message, Rendered, TemplateError
 from .replay import ReplayEnv, example_transcript, load_transcript
 from .tokenizers import PINNED_TOKENIZERS, fetch_tokenizer, load_tokenizer
+from .tool_env import CallRecord, ToolEnv, answer_reward, extract_answer, strip_reasoning, truncate_middle
+from .tools import (
+    Tool,
+    ToolCall,
+    ToolError,
+    ToolOutcome,
+    ToolResult,
+    ToolRunner,
+    abandoned_threads,
+    as_tool,
+    check_arguments,
+    tool,
+    tools_of,
+)
 
 __all__ = [
+    "PARSERS",
     "PINNED_TOKENIZERS",
     "AssistantTurn",
+    "CalculatorEnv",
+    "CallRecord",
     "ChatEnv",
     "ChatRenderer",
     "Conformance",
     "ConformanceError",
     "EnvResponse",
+    "HermesParser",
+    "KeyValueEnv",
     "KnownBehaviour",
+    "Llama3JsonParser",
     "Message",
+    "ParsedCall",
     "Prompt",
     "Rendered",
     "ReplayEnv",
     "TemplateError",
+    "Tool",
+    "ToolCall",
+    "ToolCallParser",
+    "ToolEnv",
+    "ToolError",
+    "ToolOutcome",
+    "ToolResult",
+    "ToolRunner",
+    "abandoned_threads",
+    "answer_reward",
+    "as_tool",
+    "check_arguments",
+    "detect_parser",
     "example_transcript",
+    "extract_answer",
     "fetch_tokenizer",
+    "get_parser",
     "load_tokenizer",
     "load_transcript",
+    "register_parser",
     "registered_envs",
+    "strip_reasoning",
     "token_space",
+    "tool",
+    "tools_of",
+    "truncate_middle",
 ]
 
 _ENVS = {
     "tokengym/Replay-v0": "tokengym.envs.replay:ReplayEnv",
+    "tokengym/Calculator-v0": "tokengym.envs.builtin.calculator:CalculatorEnv",
+    "tokengym/KeyValue-v0": "tokengym.envs.builtin.keyvalue:KeyValueEnv",
 }
 
 for _id, _entry in _ENVS.items():

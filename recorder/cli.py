@@ -262,6 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=cmd_rollout)
 
+    from .inspect import add_inspect_parser
+
+    add_inspect_parser(sub)
+
     e = sub.add_parser("envs", help="list the registered environments")
     e.set_defaults(func=cmd_envs)
 

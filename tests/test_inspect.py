@@ -1,0 +1,330 @@
+"""``tokengym inspect``: the store summary and the coloured views, on real episodes and real tokenizers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from html.parser import HTMLParser
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import tokengym.envs  # noqa: F401  (registers the envs)
+from tokengym.envs import ReplayEnv
+from tokengym.recorder import RecordEpisodes, Segment, SegmentKind, Trajectory, TrajectoryWriter
+from tokengym.recorder.inspect import (
+    ANSI_COLORS,
+    HTML_COLORS,
+    add_inspect_parser,
+    cmd_inspect,
+    render_trajectory_html,
+    render_trajectory_text,
+    segment_texts,
+    strip_ansi,
+    summarize_store,
+    view,
+)
+from tokengym.recorder.store import MANIFEST_NAME, StoreError, shard_paths
+
+BADGE_RE = re.compile(r"⟦turn \d+ · reward [^⟧]*⟧")
+PAINTED_RE = re.compile(r"\x1b\[([0-9;]+)m(.*?)\x1b\[0m", re.DOTALL)
+
+
+def play(env, seed, logprobs=True):
+    """One Replay episode driven by the transcript's reference actions, with random logprobs."""
+    rng = np.random.default_rng(seed)
+    env.reset(seed=seed)
+    done, info = False, {}
+    while not done:
+        action = env.unwrapped.reference_action()
+        lp = -rng.random(len(action)).astype(np.float32) if logprobs else None
+        _, _, term, trunc, info = env.step(action, logprobs=lp)
+        done = term or trunc
+    return info["trajectory"]
+
+
+def episodes(tok) -> list[Trajectory]:
+    out = []
+    for seed in range(3):  # rewards 0, 0.25, 0.5 per turn
+        env = gym.wrappers.TransformReward(ReplayEnv(tok), lambda r, s=seed: r + 0.25 * s)
+        out.append(play(RecordEpisodes(env), seed))
+    out.append(play(RecordEpisodes(gym.make("tokengym/Replay-v0", tokenizer=tok)), 3, logprobs=False))
+    out.append(play(RecordEpisodes(ReplayEnv(tok, max_turns=2)), 4))  # truncated after 2 turns
+    return out
+
+
+@pytest.fixture(scope="module")
+def store(tokenizer, tmp_path_factory):
+    trajs = episodes(tokenizer)
+    path = tmp_path_factory.mktemp("store")
+    with TrajectoryWriter(path, tokenizer=tokenizer, shard_size=3) as writer:
+        for t in trajs:
+            writer.write(t)
+    return path, trajs
+
+
+def run(argv, capsys):
+    parser = argparse.ArgumentParser(prog="tokengym")
+    add_inspect_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["inspect", *map(str, argv)])
+    code = cmd_inspect(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------------- summary
+def test_summary_numbers(store, tokenizer_name):
+    path, trajs = store
+    s = summarize_store(path)
+    assert s["shards"] == 2 and s["episodes"] == 5 and s["schema_version"] == 1
+    assert s["tokenizer_name"] == tokenizer_name and len(s["tokenizer_hash"]) == 64 and s["vocab_size"] > 150_000
+    assert s["tokens"] == sum(len(t) for t in trajs)
+    assert s["policy_tokens"] == sum(int(t.mask.sum()) for t in trajs)
+    assert s["context_tokens"] == s["tokens"] - s["policy_tokens"] > 0
+    assert s["policy_tokens_with_logprobs"] == sum(len(a) for t in trajs for a in t.actions if a.logprobs is not None)
+    assert 0 < s["policy_tokens_with_logprobs"] < s["policy_tokens"]  # episode 3 has none
+    lens = [len(t) for t in trajs]
+    assert s["tokens_per_episode"] == {"mean": pytest.approx(np.mean(lens)), "min": min(lens), "max": max(lens)}
+    rewards = np.array([t.reward for t in trajs])
+    assert rewards.std() > 0
+    assert s["reward"] == {
+        "mean": pytest.approx(rewards.mean()),
+        "std": pytest.approx(rewards.std()),
+        "min": pytest.approx(rewards.min()),
+        "max": pytest.approx(rewards.max()),
+    }
+    turns = [t.num_turns for t in trajs]
+    assert turns[-1] == 2 and trajs[-1].truncated
+    assert s["turns"] == {"total": sum(turns), "mean": pytest.approx(np.mean(turns)), "min": 2, "max": max(turns)}
+    assert s["stop_reasons"] == dict(Counter(t.stop_reason for t in trajs)) and len(s["stop_reasons"]) == 2
+    assert s["env_ids"] == dict(Counter(t.env_id or "none" for t in trajs))
+    assert s["env_ids"]["tokengym/Replay-v0"] == 1
+    c = s["conformance"]
+    for key in ("turns_checked", "ok", "known", "mismatch"):
+        assert c[key] == sum(t.conformance_summary[key] for t in trajs), key
+    assert c["turns_checked"] == sum(turns) and c["mismatch"] == 0 and c["episodes_with_mismatch"] == 0
+    seen = Counter(b for t in trajs for b in t.conformance_summary["behaviours"])
+    assert c["behaviours"] == dict(sorted(seen.items()))
+    json.dumps(s)  # JSON-ready
+
+
+def test_summary_of_an_empty_store_and_refusals(qwen25, tmp_path):
+    TrajectoryWriter(tmp_path / "empty", tokenizer=qwen25).close()
+    s = summarize_store(tmp_path / "empty")
+    assert s["episodes"] == s["tokens"] == s["turns"]["total"] == 0 and s["reward"]["mean"] is None
+    assert s["tokenizer_name"] == "qwen2.5"
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        summarize_store(tmp_path / "missing")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(StoreError, match="not a trajectory store"):
+        summarize_store(tmp_path / "plain")
+
+
+# ------------------------------------------------------------------------- text
+def painted_chars(text: str) -> Counter:
+    """Characters per ANSI colour code; every character of ``text`` must be painted or a newline."""
+    counts: Counter = Counter()
+    for code, chunk in PAINTED_RE.findall(text):
+        assert "\x1b" not in chunk and "\n" not in chunk
+        counts[code] += len(chunk)
+    bare = PAINTED_RE.sub("", text)
+    assert set(bare) <= {"\n"}, repr(bare[:80])
+    return counts
+
+
+def test_text_view_decodes_exactly_and_colours_by_mask(store, tokenizer):
+    _, trajs = store
+    for t in trajs:
+        full = tokenizer.decode(t.token_ids.tolist(), skip_special_tokens=False)
+        plain = render_trajectory_text(t, tokenizer, color=True, markers=False)
+        assert strip_ansi(plain) == full
+        assert render_trajectory_text(t, tokenizer, color=False, markers=False) == full
+        marked = render_trajectory_text(t, tokenizer)
+        assert len(BADGE_RE.findall(strip_ansi(marked))) == t.num_turns
+        assert BADGE_RE.sub("", strip_ansi(marked)) == full
+        # Every character sits in the colour of its segment's kind.
+        want: Counter = Counter()
+        for seg, text in zip(t.segments, segment_texts(t, tokenizer)):
+            want[ANSI_COLORS[seg.kind.value]] += len(text) - text.count("\n")
+        badges = painted_chars(marked)
+        assert badges.pop(ANSI_COLORS["turn"]) == sum(len(b) for b in BADGE_RE.findall(strip_ansi(marked)))
+        assert badges == +want
+        # Badges open each action: the policy's first characters follow the badge.
+        first = segment_texts(t, tokenizer)[1].split("\n")[0]
+        assert f"\x1b[{ANSI_COLORS['turn']}m⟦turn 0 · reward {t.actions[0].reward:.4g}" in marked
+        assert f"⟧\x1b[0m\x1b[{ANSI_COLORS['action']}m{first}" in marked
+
+
+def test_a_character_split_across_segments_is_shown_once(qwen3):
+    ids = qwen3.encode("temp 🦜 ok", add_special_tokens=False)
+    pieces = [qwen3.decode([i]) for i in ids]
+    split = next(k for k, p in enumerate(pieces) if "\ufffd" in p)  # the emoji's first byte token
+    end = qwen3.convert_tokens_to_ids("<|im_end|>")
+    t = Trajectory(
+        [Segment(SegmentKind.PROMPT, ids[: split + 1], 0), Segment(SegmentKind.ACTION, [*ids[split + 1 :], end], 0)]
+    )
+    texts = segment_texts(t, qwen3)
+    assert "".join(texts) == "temp 🦜 ok<|im_end|>" and "\ufffd" not in "".join(texts)
+    assert strip_ansi(render_trajectory_text(t, qwen3, markers=False)) == "temp 🦜 ok<|im_end|>"
+
+
+def test_control_characters_a_model_generates_do_not_reach_the_terminal(qwen25):
+    ids = qwen25.encode("red \x1b[31m bell \x07 csi \x9b", add_special_tokens=False)
+    t = Trajectory([Segment(SegmentKind.PROMPT, ids[:1], 0), Segment(SegmentKind.ACTION, ids[1:], 0)])
+    assert "\x1b[31m" in render_trajectory_text(t, qwen25, color=False)  # exact by default
+    safe = render_trajectory_text(t, qwen25, color=True, escape_controls=True)
+    assert "␛[31m" in safe and "␇" in safe and "<0x9b>" in safe
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", strip_ansi(safe))  # only our colour codes
+
+
+# ------------------------------------------------------------------------- HTML
+class Spans(HTMLParser):
+    """Collects the top-level spans of the stream with their attributes and unescaped text."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.spans: list[tuple[dict, str]] = []
+        self._open: dict | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "span" and self._open is None and any(k == "data-turn" for k, _ in attrs):
+            self._open, self._text = dict(attrs), []
+
+    def handle_endtag(self, tag):
+        if tag == "span" and self._open is not None:
+            self.spans.append((self._open, "".join(self._text)))
+            self._open = None
+
+    def handle_data(self, data):
+        if self._open is not None:
+            self._text.append(data)
+
+
+def test_html_has_every_segment_with_its_class_and_colour_escaped(store, tokenizer):
+    _, trajs = store
+    t = trajs[0]
+    page = render_trajectory_html(t, tokenizer)
+    parser = Spans()
+    parser.feed(page)
+    segs = [(a, x) for a, x in parser.spans if a["class"] != "tg-turn"]
+    badges = [(a, x) for a, x in parser.spans if a["class"] == "tg-turn"]
+    assert len(segs) == len(t.segments) and len(badges) == t.num_turns
+    texts = segment_texts(t, tokenizer)
+    for i, ((attrs, text), seg) in enumerate(zip(segs, t.segments)):
+        kind = seg.kind.value
+        assert attrs["class"] == f"tg-{kind}" and attrs["data-kind"] == kind
+        assert attrs["style"] == f"color:{HTML_COLORS[kind]}"
+        assert attrs["data-mask"] == str(int(seg.kind is SegmentKind.ACTION)) and attrs["data-turn"] == str(seg.turn)
+        assert (int(attrs["data-start"]), int(attrs["data-end"])) == (int(t.offsets[i]), int(t.offsets[i + 1]))
+        assert text == texts[i]
+    assert [int(a["data-turn"]) for a, _ in badges] == list(range(t.num_turns))
+    assert all(BADGE_RE.fullmatch(x) for _, x in badges)
+    assert "".join(x for _, x in segs) == tokenizer.decode(t.token_ids.tolist(), skip_special_tokens=False)
+    # Escaped: template tokens and tool-call tags are text, not markup.
+    assert "<|im_start|>" not in page and "&lt;|im_start|&gt;" in page
+    assert "<tool_call>" not in page and "&lt;tool_call&gt;" in page
+    assert "<script" not in page and "http" not in page  # self-contained
+    doc = render_trajectory_html(t, tokenizer, document=True)
+    assert doc.startswith("<!DOCTYPE html>") and page in doc and doc.rstrip().endswith("</html>")
+    v = view(t, tokenizer)
+    assert v._repr_html_() == page and str(v) == render_trajectory_text(t, tokenizer, color=False)
+
+
+def test_html_escapes_metadata(qwen25):
+    ids = qwen25.encode("a < b & c", add_special_tokens=False)
+    t = Trajectory(
+        [Segment(SegmentKind.PROMPT, ids, 0), Segment(SegmentKind.ACTION, ids, 0, reward=1.0)],
+        env_id="<img src=x onerror=alert(1)>",
+        stop_reason="<b>",
+    )
+    page = render_trajectory_html(t, qwen25)
+    assert "<img" not in page and "<b>" not in page and "&lt;img src=x" in page
+    assert page.count("a &lt; b &amp; c") == 2
+
+
+# -------------------------------------------------------------------------- CLI
+def test_cli_shows_summary_and_episode(store, tokenizer, tokenizer_name, capsys, monkeypatch, tmp_path):
+    path, trajs = store
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    code, out, err = run([path], capsys)
+    assert code == 0 and err == ""
+    assert re.search(r"^episodes\s+5$", out, re.M) and f"tokenizer     {tokenizer_name}" in out
+    assert "\x1b[" not in out  # not a terminal
+    assert "episode 0 of 5" in out and f"seed {trajs[0].seed}" in out
+    assert tokenizer.decode(trajs[0].actions[1].token_ids.tolist(), skip_special_tokens=False) in out
+
+    code, out, _ = run([path, "--episode", "-1"], capsys)
+    assert code == 0 and "episode 4 of 5" in out and "2 turns" in out
+
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    code, out, _ = run([path, "--episode", "1"], capsys)
+    assert code == 0 and f"\x1b[{ANSI_COLORS['action']}m" in out and f"\x1b[{ANSI_COLORS['observation']}m" in out
+    code, out, _ = run([path, "--episode", "1", "--no-color"], capsys)
+    assert code == 0 and "\x1b[" not in out
+
+    html_file = tmp_path / "episode.html"
+    code, out, _ = run([path, "--episode", "2", "--html", html_file], capsys)
+    assert code == 0 and str(html_file) in out
+    page = html_file.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and page.count('class="tg-action"') == trajs[2].num_turns
+
+
+def test_cli_errors(store, qwen25, capsys, tmp_path):
+    path, _ = store
+    code, _, err = run([tmp_path / "missing"], capsys)
+    assert code == 2 and "not a directory" in err
+    (tmp_path / "plain").mkdir()
+    code, _, err = run([tmp_path / "plain"], capsys)
+    assert code == 2 and "not a trajectory store" in err
+    code, _, err = run([path, "--episode", "5"], capsys)
+    assert code == 2 and "out of range" in err and "5 episodes" in err
+    code, _, err = run([path, "--html", tmp_path / "no-such-dir" / "x.html"], capsys)
+    assert code == 2 and "x.html" in err
+
+    # A corrupt shard is named; an unknown schema version is refused.
+    bad = tmp_path / "bad"
+    with TrajectoryWriter(bad, tokenizer=qwen25, shard_size=1) as w:
+        w.write(play(RecordEpisodes(ReplayEnv(qwen25)), 0))
+    shard = shard_paths(bad)[0]
+    shard.write_bytes(shard.read_bytes()[:200])
+    code, _, err = run([bad], capsys)
+    assert code == 2 and shard.name in err and "corrupt" in err
+    manifest = json.loads((bad / MANIFEST_NAME).read_text())
+    (bad / MANIFEST_NAME).write_text(json.dumps({**manifest, "schema_version": 99}))
+    code, _, err = run([bad], capsys)
+    assert code == 2 and "schema version 99" in err
+
+    # A store with a manifest and no shard yet is a store: summary, exit 0; nothing to write as HTML.
+    TrajectoryWriter(tmp_path / "empty", tokenizer=qwen25).close()
+    code, out, _ = run([tmp_path / "empty"], capsys)
+    assert code == 0 and "no episodes" in out
+    code, _, err = run([tmp_path / "empty", "--html", tmp_path / "e.html"], capsys)
+    assert code == 2 and "no episode" in err
+
+
+def test_cli_tokenizer_choice(qwen25, qwen3, capsys, tmp_path):
+    traj = play(RecordEpisodes(ReplayEnv(qwen25)), 0)
+    with TrajectoryWriter(tmp_path, tokenizer=qwen25, tokenizer_name="my-finetune") as w:
+        w.write(traj)
+    text = qwen25.decode(traj.actions[0].token_ids.tolist(), skip_special_tokens=False)
+    # Not a pinned name: the summary and the turn table, no text, and a hint.
+    code, out, err = run([tmp_path], capsys)
+    assert code == 0 and "--tokenizer" in err and text not in out
+    assert re.search(r"^0\s+\d+\s+\d+\s+0\s+yes$", out, re.M)  # the per-turn table
+    code, _, err = run([tmp_path, "--html", tmp_path / "x.html"], capsys)
+    assert code == 2 and "--html needs a tokenizer" in err
+    # Given explicitly: decoded. Another tokenizer's fingerprint: decoded with a warning.
+    code, out, err = run([tmp_path, "--tokenizer", "qwen2.5"], capsys)
+    assert code == 0 and text in out and err == ""
+    code, out, err = run([tmp_path, "--tokenizer", "qwen3"], capsys)
+    assert code == 0 and "warning" in err and "fingerprint" in err
+    # Ids the decoding tokenizer does not have (Qwen3's <think> is past Qwen2.5's vocabulary): refused.
+    with TrajectoryWriter(tmp_path / "q3", tokenizer=qwen3) as w:
+        w.write(play(RecordEpisodes(ReplayEnv(qwen3)), 0))
+    code, _, err = run([tmp_path / "q3", "--tokenizer", "qwen2.5"], capsys)
+    assert code == 2 and "outside" in err

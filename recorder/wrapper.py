@@ -88,7 +88,8 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
     def _finish(self, info: dict[str, Any], terminated: bool, truncated: bool) -> Trajectory:
         assert self._segments is not None
-        spec = self.env.spec
+        # The unwrapped env's own spec: a wrapper's `spec` property deep-copies it, tokenizer included (~1 s).
+        spec = getattr(self.env.unwrapped, "spec", None)
         metadata: dict[str, Any] = {}
         if self._task:
             metadata["task"] = self._task

@@ -2,8 +2,11 @@
 
 Why: an agent loop is only as fast as the engine lets it be if everything around the
 engine (env, tools, tokenizing, recording) stays small and the engine sees large
-batches. This runs ``tokengym/KeyValue-v0`` episodes (a stateful tool env) with a tiny
-random Qwen3 model on the real Qwen3 tokenizer, through ``rollout(concurrency=32)`` and
+batches. This runs multi-turn tool episodes with a tiny random Qwen3 model on the real
+Qwen3 tokenizer — ``tokengym/Replay-v0`` by default, whose observations are the tool
+results of a real tool transcript whatever the model says, so every episode lasts
+``--max-turns`` turns (a random model never calls ``tokengym/KeyValue-v0``'s tools, so its
+episodes end after one turn; ``--env`` picks another env) — through ``rollout(concurrency=32)`` and
 through a naive loop (``concurrency=1``: one episode at a time, one request per call),
 in one run, and reports policy tokens/s and the share of wall time spent outside the
 engine.
@@ -58,6 +61,7 @@ def make_policy(kind: str, folder: str, tok):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policy", choices=["auto", "vllm", "hf"], default="auto")
+    p.add_argument("--env", default="tokengym/Replay-v0")
     p.add_argument("--episodes", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=32)
@@ -79,7 +83,7 @@ def main() -> None:
         for name, concurrency in (("tokengym rollout", args.concurrency), ("naive loop", 1)):
             t0 = time.perf_counter()
             result = rollout(
-                "tokengym/KeyValue-v0", policy, episodes=args.episodes, concurrency=concurrency,
+                args.env, policy, episodes=args.episodes, concurrency=concurrency,
                 sampling=sampling, seed=0, env_kwargs=env_kwargs, progress=False,
             )
             wall = time.perf_counter() - t0
@@ -90,7 +94,7 @@ def main() -> None:
                 "outside_engine_share": 1 - s.engine_s / wall, "failed": s.failed,
             }
     base = rows["naive loop"]["tokens_per_s"]
-    print(f"\n{args.episodes} tokengym/KeyValue-v0 episodes, policy {kind} (tiny Qwen3, real Qwen3 tokenizer), "
+    print(f"\n{args.episodes} {args.env} episodes, policy {kind} (tiny Qwen3, real Qwen3 tokenizer), "
           f"max {args.max_tokens} tokens/turn, {args.max_turns} turns, torch threads {torch.get_num_threads()}\n")
     print("| run | concurrency | policy tokens | wall s | tokens/s | time outside engine | speed-up |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -99,7 +103,7 @@ def main() -> None:
               f"{100 * r['outside_engine_share']:.1f}% | {r['tokens_per_s'] / base:.1f}x |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"policy": kind, "rows": rows}, f, indent=2)
+            json.dump({"policy": kind, "env": args.env, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from tokengym.policies.hf import _filter_logits
 from tokengym.recorder import to_verl
 from tokengym.recorder.rollout import rollout, summary_table
 
+from lawcheck import recompute_logprobs
+
 
 @pytest.fixture(scope="module")
 def tiny(qwen3):
@@ -32,22 +34,6 @@ def tiny(qwen3):
 @pytest.fixture(scope="module")
 def policy(tiny, qwen3):
     return HFPolicy(tiny, qwen3)
-
-
-def recompute_logprobs(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher-forced logprobs of every response token, as a trainer computes them."""
-    t = batch.tensors
-    with torch.no_grad():
-        hidden = model.model(
-            input_ids=t["input_ids"], attention_mask=t["attention_mask"], position_ids=t["position_ids"]
-        ).last_hidden_state
-    P = t["prompts"].shape[1]
-    mask = t["response_mask"].bool()
-    rows, cols = mask.nonzero(as_tuple=True)
-    logits = model.lm_head(hidden[rows, P + cols - 1]).float()  # position p-1 predicts token p
-    tokens = t["responses"][rows, cols]
-    recomputed = torch.log_softmax(logits, -1).gather(-1, tokens[:, None])[:, 0]
-    return recomputed, t["rollout_log_probs"][rows, cols]
 
 
 def test_the_law_end_to_end_with_the_transformers_adapter(tiny, policy, qwen3):

@@ -35,6 +35,8 @@ from tokengym.policies.vllm import to_vllm_sampling  # noqa: E402
 from tokengym.recorder import to_verl  # noqa: E402
 from tokengym.recorder.rollout import rollout  # noqa: E402
 
+from lawcheck import recompute_logprobs  # noqa: E402
+
 pytestmark = pytest.mark.vllm
 
 MAX_MODEL_LEN = 1024
@@ -69,22 +71,6 @@ def policy(tiny_dir):
     p = VLLMPolicy(str(tiny_dir[0]), **ENGINE)
     yield p
     p.close()
-
-
-def recompute_logprobs(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher-forced logprobs of every response token, as a trainer computes them."""
-    t = batch.tensors
-    with torch.no_grad():
-        hidden = model.model(
-            input_ids=t["input_ids"], attention_mask=t["attention_mask"], position_ids=t["position_ids"]
-        ).last_hidden_state
-    P = t["prompts"].shape[1]
-    mask = t["response_mask"].bool()
-    rows, cols = mask.nonzero(as_tuple=True)
-    logits = model.lm_head(hidden[rows, P + cols - 1]).float()  # position p-1 predicts token p
-    tokens = t["responses"][rows, cols]
-    recomputed = torch.log_softmax(logits, -1).gather(-1, tokens[:, None])[:, 0]
-    return recomputed, t["rollout_log_probs"][rows, cols]
 
 
 def run_episodes(policy, qwen3, *, episodes=5, concurrency=3, seed=11):

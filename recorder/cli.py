@@ -198,6 +198,29 @@ def _demo_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scripted_policy(replies: Sequence[str], tokenizer: Any) -> Any:
+    """Reply ``replies[k]`` on turn k (the last one from then on), each closed by the end-of-turn token.
+
+    The turn is the number of generation prompts in the context, minus one.
+    """
+    from tokengym.envs import ChatRenderer
+    from tokengym.policies import ScriptedPolicy
+
+    if not replies:
+        raise ValueError("--policy scripted needs at least one --reply TEXT")
+    renderer = ChatRenderer(tokenizer)
+    marker = renderer.encode(renderer.generation_prompt)
+    n = len(marker)
+
+    def script(context: np.ndarray) -> list[int]:
+        ids = context.tolist()
+        turns = sum(ids[i : i + n] == marker for i in range(len(ids) - n + 1)) if n else 1
+        text = replies[min(max(turns - 1, 0), len(replies) - 1)]
+        return renderer.encode_plain(text) + list(renderer.turn_end_ids)
+
+    return ScriptedPolicy(script, name="scripted")
+
+
 def cmd_rollout(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
@@ -209,13 +232,19 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown environment {args.env_id!r}; registered: {', '.join(tokengym.envs.registered_envs())}")
     from tokengym.envs import load_tokenizer
 
+    if not (args.tokenizer or args.model):
+        raise ValueError("pass --model (and --tokenizer when it differs), or --tokenizer for --policy scripted")
+    if args.policy != "scripted" and not args.model:
+        raise ValueError(f"--policy {args.policy} needs --model")
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     engine_kwargs = _template_kwargs(args.engine_kwarg)
-    if args.policy == "hf":
+    if args.policy == "scripted":
+        policy: Any = _scripted_policy(args.reply, tokenizer)
+    elif args.policy == "hf":
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype="float32", **engine_kwargs)
-        policy: Any = HFPolicy(model, tokenizer, device=args.device)
+        policy = HFPolicy(model, tokenizer, device=args.device)
     elif args.policy == "vllm":
         from tokengym.policies import VLLMPolicy
 
@@ -260,8 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("rollout", help="run episodes of an env with a policy and record them")
     r.add_argument("env_id", help="a registered id, e.g. tokengym/Replay-v0")
-    r.add_argument("--policy", choices=["hf", "vllm", "openai"], default="hf")
-    r.add_argument("--model", required=True, help="local folder or hub name of a causal LM (the served name for openai)")
+    r.add_argument("--policy", choices=["hf", "vllm", "openai", "scripted"], default="hf")
+    r.add_argument("--model", help="local folder or hub name of a causal LM (the served name for openai)")
+    r.add_argument("--reply", action="append", default=[], metavar="TEXT", help="with --policy scripted: the reply of turn k")
     r.add_argument("--tokenizer", help="default: the model's")
     r.add_argument("--device", default="cpu")
     r.add_argument("--base-url", help="with --policy openai: the server, e.g. http://127.0.0.1:8000")

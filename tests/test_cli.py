@@ -99,3 +99,19 @@ def test_demo_runs_smollm2_on_calculator(tmp_path):
     trajs = list(read_trajectories(out))
     assert len(trajs) == 2 and all(t.has_logprobs and t.env_id == "tokengym/Calculator-v0" for t in trajs)
     assert all(t.sampling["policy"].startswith("hf:") and t.sampling["logprob_kind"] == "raw" for t in trajs)
+
+
+def test_rollout_with_a_scripted_policy(tmp_path, capsys):
+    from tokengym.recorder import read_trajectories
+
+    out = tmp_path / "store"
+    code = main([
+        "rollout", "tokengym/Calculator-v0", "--policy", "scripted", "--tokenizer", "qwen2.5",
+        "--reply", '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2 + 3"}}\n</tool_call>',
+        "--reply", "<answer>5</answer>", "--episodes", "2", "--out", str(out), "--quiet",
+    ])
+    assert code == 0 and "2 done, 0 failed" in capsys.readouterr().out
+    trajs = list(read_trajectories(out))
+    assert [t.num_turns for t in trajs] == [2, 2]
+    assert all(t.metadata["tool_stats"]["calls"] == 1 for t in trajs)
+    assert main(["rollout", "tokengym/Calculator-v0", "--policy", "hf", "--tokenizer", "qwen2.5", "--out", str(tmp_path / "x")]) == 2

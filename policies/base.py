@@ -106,6 +106,22 @@ def per_request(sampling: SamplingParams | Sequence[SamplingParams], n: int) -> 
     return out
 
 
+def check_contexts(contexts: Sequence[Sequence[int]], max_model_len: int | None = None) -> list[list[int]]:
+    """Contexts as lists of ints; each non-empty and, with ``max_model_len``, leaving room to generate."""
+    out = []
+    for i, c in enumerate(contexts):
+        ids = [int(t) for t in c]
+        if not ids:
+            raise ValueError("every context needs at least one token")
+        if max_model_len is not None and len(ids) >= max_model_len:
+            raise ValueError(
+                f"context {i} has {len(ids)} tokens; the engine's max_model_len is {max_model_len}, "
+                "which leaves no room to generate"
+            )
+        out.append(ids)
+    return out
+
+
 async def agenerate(
     policy: Policy, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
 ) -> list[Generation]:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from .base import Generation, SamplingParams, per_request
+from .base import Generation, SamplingParams, check_contexts, per_request
 
 __all__ = ["HFPolicy"]
 
@@ -82,10 +82,9 @@ class HFPolicy:
     ) -> list[Generation]:
         """Sample a continuation for every context; stop tokens and stop strings stay in the output."""
         params = per_request(sampling, len(contexts))
+        contexts = check_contexts(contexts)
         if not contexts:
             return []
-        if any(len(c) == 0 for c in contexts):
-            raise ValueError("every context needs at least one token")
         if self.tokenizer is None and any(p.stop_strings for p in params):
             raise ValueError("stop strings need the tokenizer: HFPolicy(model, tokenizer)")
         n = len(contexts)
@@ -93,7 +92,7 @@ class HFPolicy:
         ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((n, width), dtype=torch.long)
         for i, c in enumerate(contexts):
-            ids[i, width - len(c) :] = torch.as_tensor(list(c), dtype=torch.long)
+            ids[i, width - len(c) :] = torch.as_tensor(c, dtype=torch.long)
             attention[i, width - len(c) :] = 1
         ids, attention = ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)

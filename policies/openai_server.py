@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import FinishReason, Generation, LogprobKind, SamplingParams, per_request
+from .base import FinishReason, Generation, LogprobKind, SamplingParams, check_contexts, per_request
 
 __all__ = ["OpenAIServerPolicy", "ServerError", "ServerUnreachable"]
 
@@ -192,8 +192,6 @@ class OpenAIServerPolicy:
         return body
 
     def _one(self, context: Sequence[int], sp: SamplingParams) -> Generation:
-        if len(context) == 0:
-            raise ValueError("every context needs at least one token")
         response = self._request("POST", "/v1/completions", self.request_body(context, sp))
         return parse_completion(response, context, self.logprob_kind)
 
@@ -202,6 +200,7 @@ class OpenAIServerPolicy:
     ) -> list[Generation]:
         """One completions request per context, sent concurrently; results in context order."""
         params = per_request(sampling, len(contexts))
+        contexts = check_contexts(contexts)
         if not contexts:
             return []
         if len(contexts) == 1:
@@ -214,6 +213,7 @@ class OpenAIServerPolicy:
     ) -> list[Generation]:
         """The async form: each request in a worker thread, at most ``max_concurrency`` at once."""
         params = per_request(sampling, len(contexts))
+        contexts = check_contexts(contexts)
         gate = asyncio.Semaphore(self.max_concurrency)
 
         async def one(c: Sequence[int], p: SamplingParams) -> Generation:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import FinishReason, Generation, LogprobKind, SamplingParams, per_request
+from .base import FinishReason, Generation, LogprobKind, SamplingParams, check_contexts, per_request
 
 __all__ = ["AsyncVLLMPolicy", "VLLMPolicy", "logprob_kind_of", "to_vllm_sampling"]
 
@@ -115,21 +115,6 @@ def _generation(request_output: Any, kind: LogprobKind, context_len: int) -> Gen
     return Generation(np.array(ids, dtype=np.int64), np.array(lps, dtype=np.float32), _finish_reason(out), kind, info)
 
 
-def _check_contexts(contexts: Sequence[Sequence[int]], max_model_len: int) -> list[list[int]]:
-    out = []
-    for i, c in enumerate(contexts):
-        ids = [int(t) for t in c]
-        if not ids:
-            raise ValueError("every context needs at least one token")
-        if len(ids) >= max_model_len:
-            raise ValueError(
-                f"context {i} has {len(ids)} tokens; the engine's max_model_len is {max_model_len}, "
-                "which leaves no room to generate"
-            )
-        out.append(ids)
-    return out
-
-
 def _engine_kwargs(logprobs_mode: str, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
     logprob_kind_of(logprobs_mode)
     if "logprobs_mode" in engine_kwargs:
@@ -171,7 +156,7 @@ class VLLMPolicy:
         from vllm import TokensPrompt
 
         params = per_request(sampling, len(contexts))
-        ctxs = _check_contexts(contexts, self.max_model_len)
+        ctxs = check_contexts(contexts, self.max_model_len)
         if not ctxs:
             return []
         prompts = [TokensPrompt(prompt_token_ids=c) for c in ctxs]
@@ -254,21 +239,25 @@ class AsyncVLLMPolicy:
         self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
         """The async form: awaitable from any event loop; cancelling it aborts its requests."""
-        params = per_request(sampling, len(contexts))
-        ctxs = _check_contexts(contexts, self.max_model_len)
-        if not ctxs:
+        batch = self._prepare(contexts, sampling)
+        if batch is None:
             return []
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._batch(ctxs, params), self._loop))
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(batch, self._loop))
 
     def generate(
         self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
         """The sync form (must not be called from the engine's own loop)."""
+        batch = self._prepare(contexts, sampling)
+        return [] if batch is None else self._call(batch)
+
+    def _prepare(
+        self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> Any:
+        """The batch coroutine for these requests (None for no requests); checks them first."""
         params = per_request(sampling, len(contexts))
-        ctxs = _check_contexts(contexts, self.max_model_len)
-        if not ctxs:
-            return []
-        return self._call(self._batch(ctxs, params))
+        ctxs = check_contexts(contexts, self.max_model_len)
+        return self._batch(ctxs, params) if ctxs else None
 
     def close(self) -> None:
         """Shut the engine core down and stop the background loop; safe to call twice."""

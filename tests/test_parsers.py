@@ -15,21 +15,10 @@ from tokengym.envs import (
     register_parser,
 )
 
+from llama_style import LLAMA_STYLE_TEMPLATE
+
 HERMES_HINT = 'Write each call as <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.'
 LLAMA_HINT = 'Write each call as {"name": "<tool>", "parameters": {...}}.'
-
-# A Llama 3.1-style tool template (JSON calls with "parameters", results as ipython turns),
-# written with Qwen's special tokens so that it runs on the pinned tokenizers.
-LLAMA_STYLE_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n"
-    "{% for c in m.tool_calls %}{% set f = c.function if c.function else c %}"
-    '{{ \'{"name": "\' + f.name + \'", "parameters": \' + (f.arguments | tojson) + \'}\' }}'
-    "{% if not loop.last %}; {% endif %}{% endfor %}<|im_end|>\n"
-    "{% elif m.role in ('tool', 'ipython') %}<|im_start|>ipython\n{{ m.content }}<|im_end|>\n"
-    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def test_real_qwen_tool_call_text_parses(tokenizer):

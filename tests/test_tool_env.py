@@ -34,21 +34,9 @@ from tokengym.envs.builtin.calculator import format_number
 from tokengym.envs.tools import ToolError
 from tokengym.recorder import RecordEpisodes
 
-HERMES_HINT = HermesParser.hint
+from llama_style import LLAMA_STYLE_TEMPLATE
 
-# A Llama 3.1-style tool template (JSON calls with "parameters", results as ipython turns),
-# written with Qwen's special tokens so that it runs on the pinned tokenizers. Like the real one
-# it drops an assistant's content when the message has tool calls.
-LLAMA_STYLE_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n"
-    "{% for c in m.tool_calls %}{% set f = c.function if c.function else c %}"
-    '{{ \'{"name": "\' + f.name + \'", "parameters": \' + (f.arguments | tojson) + \'}\' }}'
-    "{% if not loop.last %}; {% endif %}{% endfor %}<|im_end|>\n"
-    "{% elif m.role in ('tool', 'ipython') %}<|im_start|>ipython\n{{ m.content }}<|im_end|>\n"
-    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+HERMES_HINT = HermesParser.hint
 
 NEVER = threading.Event()  # never set: a "hung" tool waits on it (10 s at most, then its abandoned thread ends)
 

@@ -1,0 +1,142 @@
+"""The one interface every sandbox backend implements.
+
+A tool that runs model-written code must never hang, crash or flood the rollout: every
+operation here returns an :class:`ExecResult` (or raises :class:`SandboxError` only for
+misuse such as a closed sandbox or a path outside the workspace), whatever the code does.
+Backends differ in *how* they isolate; :attr:`Sandbox.isolation` says, honestly, which
+isolation is active so that nobody trains untrusted code under a promise the machine
+cannot keep.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Literal
+
+__all__ = ["ExecResult", "Isolation", "Limits", "Sandbox", "SandboxError", "Status"]
+
+Status = Literal["ok", "error", "timeout", "killed", "oom", "crashed"]
+"""``ok``: exit code 0. ``error``: a non-zero exit. ``timeout``: killed at the wall-clock limit.
+``killed``: killed by a signal or a resource limit other than memory. ``oom``: killed for memory.
+``crashed``: the sandbox itself failed (backend error); the episode goes on with a clear message."""
+
+
+class SandboxError(Exception):
+    """Misuse of a sandbox (closed, path outside the workspace, bad argument) -- a caller's bug."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandbox. ``None`` leaves a limit to the backend's default."""
+
+    timeout_s: float = 10.0
+    """Wall-clock limit of one command; the whole process group / exec is killed after it."""
+    cpu_s: int = 10
+    """CPU seconds per process (RLIMIT_CPU locally)."""
+    memory_mb: int = 512
+    """Address space (locally) or container memory (Docker), swap included."""
+    max_processes: int = 64
+    """Processes/threads (RLIMIT_NPROC locally, the pids limit in Docker)."""
+    max_file_mb: int = 64
+    """Largest file a command may write."""
+    max_open_files: int = 256
+    max_output_bytes: int = 64 * 1024
+    """stdout and stderr are each cut to this many bytes (head kept, the rest counted and dropped)."""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What isolation is really active -- measured when the sandbox starts, never assumed."""
+
+    backend: str
+    """``"local"`` or ``"docker"``."""
+    network: bool
+    """True when the code has no network (only a loopback interface or nothing)."""
+    filesystem: bool
+    """True when the host's files outside the workspace are hidden or read-only."""
+    limits: bool
+    """True when resource limits (CPU, memory, processes, file size) are enforced."""
+    details: tuple[str, ...] = field(default=())
+    """Free-form notes (e.g. ``"bubblewrap 0.8.0"``, ``"no bubblewrap: plain rlimits only"``)."""
+
+    def describe(self) -> str:
+        """One line for logs and a sandbox's ``repr``."""
+        parts = [
+            f"{self.backend} sandbox",
+            "network: none" if self.network else "network: NOT isolated",
+            "files: isolated" if self.filesystem else "files: NOT isolated",
+            "limits: on" if self.limits else "limits: OFF",
+        ]
+        return "; ".join(parts + list(self.details))
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What one command or snippet did. Never raised, always returned."""
+
+    status: Status
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+    stdout_dropped: int = 0
+    """Bytes of stdout dropped over :attr:`Limits.max_output_bytes`."""
+    stderr_dropped: int = 0
+    message: str = ""
+    """A one-line human explanation for anything but ``ok`` (shown to the model by the tools)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class Sandbox(abc.ABC):
+    """A workspace where untrusted commands run. Use as a context manager; ``close`` is idempotent.
+
+    State (files, installed things) persists across calls until :meth:`reset`, which gives an
+    empty workspace; nothing persists across :meth:`close`.
+    """
+
+    limits: Limits
+    isolation: Isolation
+
+    @abc.abstractmethod
+    def run(self, command: str | list[str], *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+        """Run a shell command (a string, through ``sh -c``) or an argv list in the workspace."""
+
+    @abc.abstractmethod
+    def run_python(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
+        """Run a Python snippet in the workspace with the sandbox's interpreter."""
+
+    @abc.abstractmethod
+    def write_file(self, path: str, content: str | bytes) -> None:
+        """Write a file at ``path`` relative to the workspace (parents created)."""
+
+    @abc.abstractmethod
+    def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Read a file at ``path`` relative to the workspace; :class:`SandboxError` if missing."""
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Kill everything still running and give an empty workspace."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Kill everything and release every resource (processes, directories, containers)."""
+
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool: ...
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.isolation.describe()}>"

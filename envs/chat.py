@@ -55,6 +55,7 @@ class AssistantTurn:
 
     @property
     def message(self) -> Message:
+        """The turn as a chat message (content, reasoning and tool calls), for re-rendering or logging."""
         return self.messages[-1]
 
 
@@ -145,6 +146,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
     # ------------------------------------------------------------ properties
     @property
     def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer whose chat template defines this env's token law."""
         return self.renderer.tokenizer
 
     @property

@@ -82,6 +82,7 @@ class Conformance:
         return self.status != "mismatch"
 
     def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready form, as stored in trajectory metadata."""
         return {
             "turn": self.turn,
             "status": self.status,

@@ -50,9 +50,11 @@ class ParsedCall:
 
     @property
     def ok(self) -> bool:
+        """True when the call parsed; otherwise :attr:`error` says what the model is told."""
         return self.error is None
 
     def to_call(self, id: str | None = None) -> ToolCall:
+        """The :class:`ToolCall` to run (only for a call that parsed)."""
         if self.error is not None or self.name is None or self.arguments is None:
             raise ValueError(f"tool call {self.index + 1} is malformed: {self.error}")
         return ToolCall(self.name, dict(self.arguments), id)
@@ -73,6 +75,7 @@ class ToolCallParser:
     argument_keys: ClassVar[tuple[str, ...]] = ("arguments", "parameters")
 
     def parse(self, text: str) -> list[ParsedCall]:
+        """Every tool-call attempt in ``text``, in order; malformed ones carry the error the model is shown."""
         raise NotImplementedError
 
     def _call(self, index: int, raw: str, obj: Any = None, *, decoded: bool = False) -> ParsedCall:

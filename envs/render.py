@@ -154,6 +154,7 @@ class ChatRenderer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def has_special_text(self, text: str) -> bool:
+        """True when ``text`` contains the text of a special token (it is then tokenized as plain text, never as the control token)."""
         return bool(self._special_re and self._special_re.search(text))
 
     # -------------------------------------------------------------- rendering

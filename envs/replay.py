@@ -108,6 +108,7 @@ class ReplayEnv(ChatEnv):
 
     @property
     def transcript(self) -> Transcript:
+        """The conversation this env replays."""
         return copy.deepcopy(self._transcript)
 
     def make_prompt(self, options: dict[str, Any]) -> Prompt:

@@ -154,6 +154,7 @@ class CallRecord:
         return self.status in INVALID_STATUSES
 
     def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready form, as stored in trajectory metadata."""
         return asdict(self)
 
 

@@ -98,6 +98,7 @@ class ToolOutcome:
 
     @property
     def ok(self) -> bool:
+        """True when the tool ran and returned (no error, no timeout)."""
         return self.status == "ok"
 
 
@@ -222,6 +223,7 @@ class Tool:
 
     @property
     def name(self) -> str:
+        """The name the model calls the tool by (from the schema)."""
         if self._name is not None:
             return self._name
         if self._override is not None:
@@ -230,6 +232,7 @@ class Tool:
 
     @property
     def parameters(self) -> dict[str, Any] | None:
+        """The JSON schema of the arguments, or ``None`` for a tool without parameters."""
         return self.schema["function"].get("parameters")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

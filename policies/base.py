@@ -55,9 +55,11 @@ class SamplingParams:
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
 
     def replace(self, **changes: Any) -> SamplingParams:
+        """A copy with ``changes`` applied (the params are frozen)."""
         return SamplingParams(**{**asdict(self), **changes})
 
     def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready form, as stored with each trajectory so a run can be reproduced."""
         d = asdict(self)
         d["stop_token_ids"] = list(self.stop_token_ids)
         d["stop_strings"] = list(self.stop_strings)
@@ -93,7 +95,10 @@ class Policy(Protocol):
 
     def generate(
         self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
-    ) -> list[Generation]: ...
+    ) -> list[Generation]:
+        """One :class:`Generation` per context, in order: the new token ids (ending with the
+        end-of-turn or stop token when one was hit), their logprobs and the finish reason."""
+        ...
 
 
 def per_request(sampling: SamplingParams | Sequence[SamplingParams], n: int) -> list[SamplingParams]:

@@ -51,6 +51,7 @@ class ScriptedPolicy:
     def generate(
         self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
+        """The script's reply for each context, cut at ``max_tokens`` like a real engine (finish "length")."""
         out = []
         for context, p in zip(contexts, per_request(sampling, len(contexts))):
             ids = self._ids(self.script(np.asarray(context, dtype=np.int64)))

@@ -144,10 +144,12 @@ class VerlBatch:
 
     @property
     def prompt_length(self) -> int:
+        """Width of the left-padded prompt block."""
         return int(self.tensors["prompts"].shape[1])
 
     @property
     def response_length(self) -> int:
+        """Width of the right-padded response block."""
         return int(self.tensors["responses"].shape[1])
 
 

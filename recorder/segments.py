@@ -17,6 +17,9 @@ __all__ = ["Segment", "SegmentKind"]
 
 
 class SegmentKind(str, Enum):
+    """Where a segment's tokens came from: the first prompt and observations are the env's
+    (mask 0), actions are the policy's (mask 1)."""
+
     PROMPT = "prompt"
     ACTION = "action"
     OBSERVATION = "observation"

@@ -620,6 +620,7 @@ class TrajectoryWriter:
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` ran; a closed writer accepts nothing more."""
         return self._closed
 
     def close(self) -> None:

@@ -74,14 +74,17 @@ class Trajectory:
     # ------------------------------------------------------------ structure
     @property
     def actions(self) -> list[Segment]:
+        """The policy's segments (mask 1), one per turn, in order."""
         return [s for s in self.segments if s.kind is SegmentKind.ACTION]
 
     @property
     def num_turns(self) -> int:
+        """How many assistant turns the episode had."""
         return len(self.actions)
 
     @property
     def prompt_len(self) -> int:
+        """Tokens of the first segment (the prompt), which trainers keep apart from the response."""
         return len(self.segments[0])
 
     def __len__(self) -> int:
@@ -124,6 +127,7 @@ class Trajectory:
 
     @property
     def turn_rewards(self) -> np.ndarray:
+        """The reward of each turn, in turn order (float32)."""
         return np.array([a.reward for a in self.actions], dtype=np.float32)
 
     @property
@@ -138,6 +142,7 @@ class Trajectory:
 
     @property
     def conformance_summary(self) -> dict[str, Any]:
+        """Per-episode conformance counts (ok / known / mismatch) from the steps' ``info``."""
         return summarize_conformance(self.conformance)
 
     def to_dict(self) -> dict[str, Any]:

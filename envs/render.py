@@ -77,7 +77,8 @@ class ChatRenderer:
         if not (chat_template or getattr(tok, "chat_template", None)):
             raise TemplateError(
                 f"tokenizer {getattr(tok, 'name_or_path', '?')!r} has no chat template: pass "
-                "chat_template=... (a Jinja string), or use a tokenizer that ships one"
+                "chat_template=... (a Jinja string), or use the tool-capable ChatML template tokengym "
+                "ships: chat_template=tokengym.envs.templates.CHATML_TOOLS"
             )
         self.tokenizer = tok
         self.chat_template = chat_template
@@ -107,7 +108,11 @@ class ChatRenderer:
         )
         at = text.find(SENTINEL_ASSISTANT)
         if at < 0:
-            raise TemplateError("the chat template does not render assistant content verbatim")
+            raise TemplateError(
+                "the chat template does not render assistant content verbatim (it rewrites or drops "
+                "what the model wrote), so actions cannot be kept token for token: "
+                "pass chat_template=tokengym.envs.templates.CHATML_TOOLS or another template that does"
+            )
         tail_ids = self.encode(text[at + len(SENTINEL_ASSISTANT) :])
         n = 0
         while n < len(tail_ids) and tail_ids[n] in self.special_ids:
@@ -123,7 +128,11 @@ class ChatRenderer:
         with_prompt = self.render_text([user], add_generation_prompt=True)
         without = self.render_text([user], add_generation_prompt=False)
         if not with_prompt.startswith(without):
-            raise TemplateError("the generation prompt is not appended at the end of the conversation")
+            raise TemplateError(
+                "the generation prompt is not appended at the end of the conversation, so an observation "
+                "cannot end where the next action starts: pass a chat_template whose "
+                "add_generation_prompt only appends text (e.g. tokengym.envs.templates.CHATML_TOOLS)"
+            )
         #: The text the template appends for ``add_generation_prompt=True``.
         self.generation_prompt: str = with_prompt[len(without) :]
 
@@ -235,14 +244,18 @@ class ChatRenderer:
         if at < 0:
             raise TemplateError(
                 "the chat template dropped the assistant message while rendering the new messages; "
-                "cannot compute the observation tokens"
+                "cannot compute the observation tokens (Llama-3.1-style templates drop the content of "
+                "a message with tool calls: use ToolEnv(..., template_tool_calls=False), or pass "
+                "chat_template=tokengym.envs.templates.CHATML_TOOLS)"
             )
         start = at + len(SENTINEL_ASSISTANT)
         if self.turn_end_text:
             end_at = text.find(self.turn_end_text, start)
             if end_at < 0:
                 raise TemplateError(
-                    f"the template did not close the assistant turn with {self.turn_end_text!r}"
+                    f"the template did not close the assistant turn with {self.turn_end_text!r}; "
+                    "pass a chat_template that ends every assistant turn the same way "
+                    "(e.g. tokengym.envs.templates.CHATML_TOOLS)"
                 )
             start = end_at + len(self.turn_end_text)
         return start, len(text)
@@ -305,7 +318,10 @@ class ChatRenderer:
         if self.turn_end_text:
             found = text.rfind(self.turn_end_text)
             if found < start:
-                raise TemplateError("the template did not close the assistant turn")
+                raise TemplateError(
+                    "the template did not close the assistant turn; pass a chat_template that ends every "
+                    "assistant turn with the same end-of-turn token (e.g. tokengym.envs.templates.CHATML_TOOLS)"
+                )
             end = found
         # Everything the model writes is text; only the closing end-of-turn is a control token.
         return Rendered(text[start:end] + self.turn_end_text, self.encode_plain(text[start:end]) + list(self.turn_end_ids))

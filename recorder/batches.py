@@ -61,7 +61,7 @@ class TokenView(NamedTuple):
 # ----------------------------------------------------------------- helpers
 def _check_nonempty(trajs: Sequence[Trajectory]) -> None:
     if len(trajs) == 0:
-        raise ValueError("no trajectories to batch")
+        raise ValueError("no trajectories to batch: pass a non-empty list (env.trajectories of RecordEpisodes, rollout(...).trajectories or read_trajectories(DIR))")
 
 
 def _filled_logprobs(t: Trajectory) -> np.ndarray:

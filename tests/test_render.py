@@ -104,8 +104,14 @@ def test_template_kwargs_reach_the_template(qwen3):
 def test_no_chat_template_is_a_clear_error():
     tok = load_tokenizer(str(fetch_tokenizer("qwen2.5")))
     tok.chat_template = None
-    with pytest.raises(TemplateError, match="no chat template"):
+    with pytest.raises(TemplateError, match="no chat template") as err:
         ChatRenderer(tok)
+    # The message names the fix, and the fix works.
+    assert "CHATML_TOOLS" in str(err.value)
+    from tokengym.envs.templates import CHATML_TOOLS
+
+    r = ChatRenderer(tok, chat_template=CHATML_TOOLS)
+    assert r.decode(r.prompt([{"role": "user", "content": "hi"}]).ids).endswith("assistant\n")
 
 
 def test_broken_template_is_a_template_error(qwen25):
@@ -115,5 +121,5 @@ def test_broken_template_is_a_template_error(qwen25):
 
 def test_template_that_drops_assistant_content_is_refused(qwen25):
     template = "{% for m in messages %}{% if m.role != 'assistant' %}{{ m.content }}{% endif %}{% endfor %}"
-    with pytest.raises(TemplateError, match="verbatim"):
+    with pytest.raises(TemplateError, match="verbatim.*CHATML_TOOLS"):
         ChatRenderer(qwen25, chat_template=template)

@@ -6,7 +6,7 @@ namespace, so ``gymnasium.make("tokengym/Replay-v0", tokenizer="qwen3")`` works.
 
 from gymnasium.envs.registration import register, registry
 
-from .builtin import CalculatorEnv, KeyValueEnv
+from .builtin import CalculatorEnv, KeyValueEnv, PythonSandboxEnv, ShellEnv
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt, token_space
 from .conformance import Conformance, ConformanceError, KnownBehaviour
 from .parsers import (
@@ -55,8 +55,10 @@ __all__ = [
     "Message",
     "ParsedCall",
     "Prompt",
+    "PythonSandboxEnv",
     "Rendered",
     "ReplayEnv",
+    "ShellEnv",
     "TemplateError",
     "Tool",
     "ToolCall",
@@ -90,6 +92,8 @@ _ENVS = {
     "tokengym/Replay-v0": "tokengym.envs.replay:ReplayEnv",
     "tokengym/Calculator-v0": "tokengym.envs.builtin.calculator:CalculatorEnv",
     "tokengym/KeyValue-v0": "tokengym.envs.builtin.keyvalue:KeyValueEnv",
+    "tokengym/PythonSandbox-v0": "tokengym.envs.builtin.python_sandbox:PythonSandboxEnv",
+    "tokengym/Shell-v0": "tokengym.envs.builtin.shell:ShellEnv",
 }
 
 for _id, _entry in _ENVS.items():

@@ -1,14 +1,27 @@
-"""Built-in tool environments: ``tokengym/Calculator-v0`` and ``tokengym/KeyValue-v0``."""
+"""Built-in tool environments: ``tokengym/Calculator-v0``, ``tokengym/KeyValue-v0``, and the sandbox
+environments ``tokengym/PythonSandbox-v0`` and ``tokengym/Shell-v0``."""
 
 from .calculator import CalculatorEnv, calculate, evaluate, word_problem
 from .keyvalue import KeyValueEnv, KeyValueStore, pointer_task
+from .python_sandbox import Grade, PythonSandboxEnv, coding_prompt, coding_tasks, extract_code, grade_solution
+from .shell import SHELL_KINDS, ShellEnv, check_in_sandbox, shell_task
 
 __all__ = [
+    "SHELL_KINDS",
     "CalculatorEnv",
+    "Grade",
     "KeyValueEnv",
     "KeyValueStore",
+    "PythonSandboxEnv",
+    "ShellEnv",
     "calculate",
+    "check_in_sandbox",
+    "coding_prompt",
+    "coding_tasks",
     "evaluate",
+    "extract_code",
+    "grade_solution",
     "pointer_task",
+    "shell_task",
     "word_problem",
 ]

@@ -20,9 +20,13 @@ __all__ = [
     "LocalSandbox",
     "Sandbox",
     "SandboxError",
+    "SandboxToolEnv",
     "Status",
+    "bwrap_status",
     "cleanup_containers",
+    "format_result",
     "make_sandbox",
+    "sandbox_tools",
 ]
 
 _LAZY = {
@@ -30,6 +34,10 @@ _LAZY = {
     "DockerSandbox": ".docker",
     "DockerPool": ".docker",
     "cleanup_containers": ".docker",
+    "bwrap_status": ".local",
+    "sandbox_tools": ".tools",
+    "format_result": ".tools",
+    "SandboxToolEnv": ".env",
 }
 
 

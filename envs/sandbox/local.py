@@ -193,16 +193,27 @@ def _release_uid(uid: int) -> None:
         _TAKEN_UIDS.discard(uid)
 
 
-def _count_processes_of(uid: int) -> int:
-    n = 0
+def _processes_of(uid: int) -> tuple[int, int]:
+    """How many processes of ``uid`` are alive, and how many are zombies (dead, not yet reaped)."""
+    alive = zombies = 0
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    n += 1
-            except OSError:
-                pass
-    return n
+                if os.stat(f"/proc/{name}").st_uid != uid:
+                    continue
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state in (b"Z", b"X"):
+                zombies += 1
+            else:
+                alive += 1
+    return alive, zombies
+
+
+def _count_processes_of(uid: int) -> int:
+    return sum(_processes_of(uid))
 
 
 def _kill_by_marker(marker: str) -> int:
@@ -227,25 +238,35 @@ def _kill_by_marker(marker: str) -> int:
     return killed
 
 
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of ``uid``: ``kill(-1)`` run *as* that uid (atomic against forks)."""
-    for _ in range(3):
-        try:
-            subprocess.run(
-                ["/bin/sh", "-c", "kill -9 -1 2>/dev/null; exit 0"],
-                user=uid,
-                group=uid,
-                extra_groups=[],
-                env={"PATH": "/usr/bin:/bin"},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=5,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError):
-            pass
-        if _count_processes_of(uid) == 0:
+def _kill_uid(uid: int, *, zombies_at_most: int | None = None, within_s: float = 2.0) -> None:
+    """SIGKILL every process of ``uid``: ``kill(-1)`` run *as* that uid (atomic against forks).
+
+    Killed orphans stay zombies until the host's init reaps them, and zombies still count
+    against ``RLIMIT_NPROC``: with ``zombies_at_most``, wait (``within_s`` at most) until no more
+    than that many are left, so that the next call is not refused processes by the dead.
+    """
+    deadline = time.monotonic() + within_s
+    while True:
+        alive, zombies = _processes_of(uid)
+        if alive:
+            try:
+                subprocess.run(
+                    ["/bin/sh", "-c", "kill -9 -1 2>/dev/null; exit 0"],
+                    user=uid,
+                    group=uid,
+                    extra_groups=[],
+                    env={"PATH": "/usr/bin:/bin"},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=5,
+                    check=False,
+                )
+            except (OSError, subprocess.SubprocessError):
+                pass
+        elif zombies_at_most is None or zombies <= zombies_at_most:
+            return
+        if time.monotonic() > deadline:
             return
         time.sleep(0.01)
 
@@ -288,6 +309,8 @@ def bwrap_status(bwrap: str | None = None) -> BwrapStatus:
     path = bwrap or find_bwrap()
     if path is None:
         return BwrapStatus(False, "bubblewrap (bwrap) is not installed")
+    if not os.path.isfile(path):
+        return BwrapStatus(False, f"no bubblewrap at {path}")
     key = (path, _is_root())
     with _PROBE_LOCK:
         if key not in _PROBES:
@@ -446,7 +469,9 @@ class LocalSandbox(Sandbox):
         except SandboxError:
             self._release_own_uid()
             raise
-        self._prlimit = shutil.which("prlimit") or (shutil.which("prlimit", path="/usr/bin:/bin"))
+        # prlimit (util-linux) sets the limits; it must lie where bubblewrap shows it (/usr).
+        # Without it, the sandbox's python sets them and execs the command.
+        self._prlimit = shutil.which("prlimit", path="/usr/bin:/bin:/usr/sbin:/sbin")
         self._ro_binds = tuple(os.path.realpath(p) for p in ro_binds)
         self._extra_env = dict(env or {})
 
@@ -837,17 +862,27 @@ class LocalSandbox(Sandbox):
             _kill_by_marker(call.marker)
 
     def _after_exit(self, call: _Call) -> None:
-        """The main process has exited (not yet reaped): kill what it left in the background."""
+        """The main process has exited (not yet reaped): kill what it left in the background,
+        so that nothing keeps the output pipes open."""
         _killpg(call.proc)  # under bwrap: the outer bwrap; the pid namespace takes the rest with it
-        if not self._use_bwrap and not self._own_uid:
+        if self._use_bwrap:
+            return
+        if self._own_uid is None:
             _kill_by_marker(call.marker)
+            return
+        with self._lock:
+            alone = self._calls == {call}
+        if alone:  # (with other calls running, the last one to finish sweeps)
+            _kill_uid(self._own_uid)
 
     def _finish(self, call: _Call) -> None:
         with self._lock:
             self._calls.discard(call)
             last = not self._calls
         if last and self._own_uid is not None and not self._use_bwrap:
-            _kill_uid(self._own_uid)  # nothing of this sandbox may outlive its last running call
+            # nothing of this sandbox may outlive its last running call (nor, as zombies, hold
+            # its process limit against the next call)
+            _kill_uid(self._own_uid, zombies_at_most=self.limits.max_processes // 4)
 
     def _result(
         self, rc: int | None, out: bytes, err: bytes, dropped: tuple[int, int], timed_out: bool, duration: float, timeout: float

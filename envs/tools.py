@@ -624,6 +624,9 @@ class ToolRunner:
         except concurrent.futures.CancelledError:
             return ToolOutcome("error", f"Error: {name} was cancelled.")
         except BaseException as err:
+            f = p.future
+            if not (f.done() and not f.cancelled() and f.exception() is err):
+                raise  # the wait itself was interrupted (Ctrl-C in the caller): not the tool's failure
             return ToolOutcome("error", _error_text(name, err))
         try:
             text, reward = result_text(value)

@@ -428,6 +428,35 @@ def test_each_sandbox_is_closed_exactly_once_whatever_happens(qwen25):
     assert len(factory.made) == 5 and factory.all_closed_once()
 
 
+def test_ctrl_c_during_a_tool_call_closes_the_sandbox_and_kills_the_call(qwen25):
+    import signal
+
+    from sandbox_escapes import wait_no_host_pids
+
+    env = ShellEnv(qwen25, sandbox_kwargs={"timeout_s": 30})
+    env.reset(seed=0)
+    sb = env.sandbox
+    marker = "tgctrlc" + os.urandom(4).hex()
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(KeyboardInterrupt):
+            env.step(templated("", call("run_shell", command=f"sleep 60 & sleep 60; : {marker}"))(env))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert sb.closed and env.sandbox is None
+    wait_no_host_pids(marker)
+    env.reset(seed=1)  # and the env goes on
+    _, _, _, _, info = env.step(templated("", call("run_shell", command="echo again"))(env))
+    assert info["tool_results"][0]["content"] == "exit code: 0\nstdout:\nagain"
+    env.close()
+
+
 def test_a_failing_setup_closes_the_new_sandbox(qwen25):
     factory = Tracked()
 

@@ -1,0 +1,99 @@
+"""tokengym envs driven by plain gymnasium: a loop with a policy, wrappers, Sync/AsyncVectorEnv.
+
+(``SyncVectorEnv`` on Replay, Calculator and KeyValue is in test_chat_env / test_tool_env, and
+the README's tool env example in test_readme; this file adds the async vector env, standard
+wrappers around the recorder, a policy-driven loop and the docs' gymnasium example.)
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import tokengym.envs  # noqa: F401 -- registers tokengym/... envs
+from tokengym.envs import ChatRenderer
+from tokengym.policies import SamplingParams, ScriptedPolicy
+from tokengym.recorder import RecordEpisodes, to_trl
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "integrations.md"
+
+
+@pytest.fixture(scope="module")
+def renderer(qwen25):
+    return ChatRenderer(qwen25)
+
+
+def answer_ids(renderer, answer) -> np.ndarray:
+    return np.array(renderer.assistant({"role": "assistant", "content": f"<answer>{answer}</answer>"}).ids)
+
+
+def tool_call_ids(renderer, expression, tools) -> np.ndarray:
+    call = {"type": "function", "function": {"name": "calculate", "arguments": {"expression": expression}}}
+    return np.array(renderer.assistant({"role": "assistant", "content": "", "tool_calls": [call]}, tools).ids)
+
+
+def test_a_plain_loop_with_a_policy_records_the_stream(renderer):
+    """reset / policy.generate / step, nothing else: the recorder sees exactly the policy's stream."""
+    env = RecordEpisodes(gym.make("tokengym/Calculator-v0", tokenizer=renderer))
+    obs, info = env.reset(seed=11)
+    task, tools = info["task"], info["tools"]
+    replies = iter([tool_call_ids(renderer, task["expression"], tools), answer_ids(renderer, task["answer"])])
+    policy = ScriptedPolicy(lambda context: next(replies))
+    stream, done = obs.tolist(), False
+    while not done:
+        sampling = SamplingParams(max_tokens=info.get("remaining_context", 256), stop_token_ids=env.unwrapped.stop_token_ids)
+        gen = policy.generate([stream], sampling)[0]
+        obs, reward, terminated, truncated, info = env.step(gen.token_ids)
+        stream += gen.token_ids.tolist() + obs.tolist()
+        done = terminated or truncated
+    traj = info["trajectory"]
+    assert traj.token_ids.tolist() == stream
+    assert traj.num_turns == 2 and traj.reward == 1.0 and traj.metadata["task_id"] == task["id"]
+    trl = to_trl([traj])
+    assert trl["prompt_ids"][0] + trl["completion_ids"][0] == stream
+    assert 0 in trl["env_mask"][0] and trl["env_mask"][0][-1] == 1
+
+
+def test_standard_wrappers_around_the_recorder(renderer):
+    """A TimeLimit from gym.make ends the episode: the recorder outside it records a truncated episode."""
+    env = RecordEpisodes(
+        gym.wrappers.RecordEpisodeStatistics(gym.make("tokengym/Calculator-v0", tokenizer=renderer, max_episode_steps=1))
+    )
+    obs, info = env.reset(seed=2)
+    obs, reward, terminated, truncated, info = env.step(tool_call_ids(renderer, "1+1", info["tools"]))
+    assert truncated and not terminated and len(obs) > 0  # the env itself would have gone on
+    traj = info["trajectory"]
+    assert traj.truncated and traj.stop_reason == "truncated" and traj.num_turns == 1
+    assert info["episode"]["l"] == 1  # RecordEpisodeStatistics saw the same episode end
+    obs, info = env.reset(seed=2)  # and the next episode starts cleanly
+    *_, terminated, truncated, info = env.step(answer_ids(renderer, info["task"]["answer"]))
+    assert terminated and info["trajectory"].reward == 1.0
+
+
+def test_async_vector_env(renderer):
+    envs = gym.vector.AsyncVectorEnv(
+        [lambda: gym.make("tokengym/Calculator-v0", tokenizer="qwen2.5") for _ in range(2)], shared_memory=False
+    )
+    try:
+        obs, infos = envs.reset(seed=[5, 6])
+        assert len(obs) == 2 and all(o.dtype == np.int64 for o in obs)
+        # The same seeds give the same tasks in this process.
+        local = gym.make("tokengym/Calculator-v0", tokenizer=renderer)
+        assert [local.reset(seed=s)[1]["task"]["id"] for s in (5, 6)] == list(infos["task"]["id"])
+        answers = tuple(answer_ids(renderer, a) for a in infos["task"]["answer"])
+        obs, rewards, terminated, truncated, infos = envs.step(answers)
+        assert rewards.tolist() == [1.0, 1.0] and terminated.all() and [len(o) for o in obs] == [0, 0]
+        obs, rewards, terminated, truncated, infos = envs.step(answers)  # next-step autoreset: new prompts
+        assert rewards.tolist() == [0.0, 0.0] and not terminated.any() and all(len(o) > 0 for o in obs)
+    finally:
+        envs.close()
+
+
+def test_the_docs_gymnasium_example_runs(capsys):
+    block = re.search(r"<!-- run: gym -->\s*```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S).group(1)
+    exec(compile(block, "docs/integrations.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == "[1. 1. 1. 1.] [ True  True  True  True]"

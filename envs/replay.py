@@ -111,6 +111,16 @@ class ReplayEnv(ChatEnv):
         """The conversation this env replays."""
         return copy.deepcopy(self._transcript)
 
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start replaying; ``options={"messages": [...], "tools": [...]}`` replays those messages
+        as a transcript (the same as ``options={"transcript": {...}}``)."""
+        opts = dict(options or {})
+        if "messages" in opts:
+            opts["transcript"] = {"messages": opts.pop("messages"), "tools": opts.pop("tools", None) or []}
+        return super().reset(seed=seed, options=opts)
+
     def make_prompt(self, options: dict[str, Any]) -> Prompt:
         self._transcript = load_transcript(options["transcript"]) if "transcript" in options else self._default
         msgs = self._transcript["messages"]

@@ -277,3 +277,24 @@ def test_render_ansi_marks_actions(qwen25):
     env.step(env.renderer.encode("yo<|im_end|>"))
     out = env.render()
     assert "\x1b[32myo<|im_end|>\x1b[0m" in out
+
+
+def test_replay_reset_with_messages_replays_them(qwen25):
+    msgs = [
+        {"role": "user", "content": "Say hi."},
+        {"role": "assistant", "content": "hi"},
+        {"role": "user", "content": "Again."},
+        {"role": "assistant", "content": "hi again"},
+    ]
+    env = ReplayEnv(qwen25, conformance="strict")
+    obs, _ = env.reset(options={"messages": msgs})
+    assert env.renderer.decode(obs).endswith("Say hi.<|im_end|>\n<|im_start|>assistant\n")
+    texts = []
+    done = False
+    while not done:
+        action = env.reference_action()
+        texts.append(env.renderer.decode(action))
+        _, _, terminated, truncated, info = env.step(action)
+        done = terminated or truncated
+    assert texts == ["hi<|im_end|>", "hi again<|im_end|>"]
+    assert info["conformance"].ok

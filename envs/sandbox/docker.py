@@ -218,7 +218,15 @@ def _proc_start_time(pid: int) -> str | None:
     return stat[stat.rindex(b")") + 2 :].split()[19].decode()
 
 
-_OWNER = f"{socket.gethostname()}:{os.getpid()}:{_proc_start_time(os.getpid()) or 0}"
+_OWNERS: dict[int, str] = {}
+
+
+def _owner() -> str:
+    """This process's owner label (computed per pid: a forked child is an owner of its own)."""
+    pid = os.getpid()
+    if pid not in _OWNERS:
+        _OWNERS[pid] = f"{socket.gethostname()}:{pid}:{_proc_start_time(pid) or 0}"
+    return _OWNERS[pid]
 
 
 def _owner_alive(owner: str) -> bool:
@@ -245,7 +253,7 @@ def cleanup_containers(
     removed = []
     for c in client.api.containers(all=True, filters={"label": f"{LABEL}=1"}):
         owner = (c.get("Labels") or {}).get(OWNER_LABEL, "")
-        if not all and (owner == _OWNER or _owner_alive(owner)):
+        if not all and (owner == _owner() or _owner_alive(owner)):
             continue
         try:
             client.api.remove_container(c["Id"], force=True)
@@ -351,7 +359,7 @@ class _Spec:
             log_config=docker.types.LogConfig(type="none"),
             runtime=self.runtime,
         )
-        labels = {LABEL: "1", OWNER_LABEL: _OWNER, **self.labels}
+        labels = {LABEL: "1", OWNER_LABEL: _owner(), **self.labels}
         try:
             cid = api.create_container(
                 self.image,

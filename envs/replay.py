@@ -114,11 +114,18 @@ class ReplayEnv(ChatEnv):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
-        """Start replaying; ``options={"messages": [...], "tools": [...]}`` replays those messages
-        as a transcript (the same as ``options={"transcript": {...}}``)."""
+        """Start replaying. ``options={"messages": [...], "tools": [...]}`` replays those messages
+        as a transcript (the same as ``options={"transcript": {...}}``); messages without an
+        assistant turn are only a prompt, and the episode ends at the first step."""
         opts = dict(options or {})
         if "messages" in opts:
-            opts["transcript"] = {"messages": opts.pop("messages"), "tools": opts.pop("tools", None) or []}
+            messages = list(opts["messages"])
+            if any(isinstance(m, Mapping) and m.get("role") == "assistant" for m in messages):
+                opts["transcript"] = {"messages": messages, "tools": opts.pop("tools", None) or []}
+                del opts["messages"]
+            else:  # a prompt with nothing to replay (ChatEnv renders it)
+                self._transcript = {"messages": copy.deepcopy(messages), "tools": copy.deepcopy(opts.get("tools"))}
+                self._assistant_at = []
         return super().reset(seed=seed, options=opts)
 
     def make_prompt(self, options: dict[str, Any]) -> Prompt:

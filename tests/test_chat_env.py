@@ -298,3 +298,14 @@ def test_replay_reset_with_messages_replays_them(qwen25):
         done = terminated or truncated
     assert texts == ["hi<|im_end|>", "hi again<|im_end|>"]
     assert info["conformance"].ok
+
+
+def test_replay_reset_with_a_prompt_only_ends_at_the_first_step(qwen25):
+    env = ReplayEnv(qwen25)
+    obs, _ = env.reset(options={"messages": [{"role": "user", "content": "hi"}]})
+    assert qwen25.decode(obs).endswith("hi<|im_end|>\n<|im_start|>assistant\n")
+    with pytest.raises(IndexError, match="0 assistant turns"):
+        env.reference_action()
+    action = env.renderer.assistant({"role": "assistant", "content": "hello"}).ids
+    _, _, terminated, truncated, info = env.step(action)
+    assert terminated and not truncated and info["replay"] == "transcript exhausted"

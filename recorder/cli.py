@@ -221,11 +221,53 @@ def _scripted_policy(replies: Sequence[str], tokenizer: Any) -> Any:
     return ScriptedPolicy(script, name="scripted")
 
 
+def _scripted_policy_from(replies: Sequence[str], tokenizer: Any) -> Any:
+    """:func:`_scripted_policy` with a tokenizer or its name (loaded inside a Ray engine actor)."""
+    from tokengym.envs import load_tokenizer
+
+    return _scripted_policy(replies, load_tokenizer(tokenizer))
+
+
+def _hf_policy(model: str, tokenizer: Any, device: str, engine_kwargs: dict[str, Any]) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    from tokengym.envs import load_tokenizer
+    from tokengym.policies import HFPolicy
+
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype="float32", **engine_kwargs)
+    return HFPolicy(lm, load_tokenizer(tokenizer), device=device)
+
+
+def _policy_factory(args: argparse.Namespace, engine_kwargs: dict[str, Any], tokenizer: Any) -> Any:
+    """A zero-argument, picklable factory of the policy the arguments ask for.
+
+    The local backend calls it once (with the loaded ``tokenizer``); the Ray backend calls it
+    inside each engine actor (with the tokenizer's name).
+    """
+    import functools
+
+    if args.policy == "scripted":
+        if not args.reply:
+            raise ValueError("--policy scripted needs at least one --reply TEXT")
+        return functools.partial(_scripted_policy_from, tuple(args.reply), tokenizer)
+    if args.policy == "hf":
+        return functools.partial(_hf_policy, args.model, tokenizer, args.device, engine_kwargs)
+    if args.policy == "vllm":
+        from tokengym.policies import VLLMPolicy
+
+        return functools.partial(VLLMPolicy, args.model, **engine_kwargs)
+    from tokengym.policies import OpenAIServerPolicy
+
+    if not args.base_url:
+        raise ValueError("--policy openai needs --base-url (e.g. http://127.0.0.1:8000)")
+    return functools.partial(OpenAIServerPolicy, args.base_url, args.model, **engine_kwargs)
+
+
 def cmd_rollout(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     import tokengym.envs  # noqa: F401  (registers the tokengym/ envs)
-    from tokengym.policies import HFPolicy, SamplingParams
+    from tokengym.policies import SamplingParams
     from tokengym.recorder import TrajectoryWriter, rollout, summary_table
 
     if args.env_id not in gym.registry:
@@ -236,32 +278,41 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise ValueError("pass --model (and --tokenizer when it differs), or --tokenizer for --policy scripted")
     if args.policy != "scripted" and not args.model:
         raise ValueError(f"--policy {args.policy} needs --model")
+    if args.backend == "local" and (args.address or args.engines is not None or args.workers is not None):
+        raise ValueError("--address, --engines and --workers are for --backend ray")
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     engine_kwargs = _template_kwargs(args.engine_kwarg)
-    if args.policy == "scripted":
-        policy: Any = _scripted_policy(args.reply, tokenizer)
-    elif args.policy == "hf":
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype="float32", **engine_kwargs)
-        policy = HFPolicy(model, tokenizer, device=args.device)
-    elif args.policy == "vllm":
-        from tokengym.policies import VLLMPolicy
-
-        policy = VLLMPolicy(args.model, **engine_kwargs)
-    else:
-        from tokengym.policies import OpenAIServerPolicy
-
-        if not args.base_url:
-            raise ValueError("--policy openai needs --base-url (e.g. http://127.0.0.1:8000)")
-        policy = OpenAIServerPolicy(args.base_url, args.model, **engine_kwargs)
-    env_kwargs = {"tokenizer": tokenizer, "max_turns": args.max_turns}
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
-    with TrajectoryWriter(args.out, tokenizer=tokenizer) as writer:
-        result = rollout(
-            args.env_id, policy, episodes=args.episodes, concurrency=args.concurrency, sampling=sampling,
-            seed=args.seed, env_kwargs=env_kwargs, on_episode=writer.write, progress=not args.quiet,
+    stopped: tuple[type[Exception], ...] = ()
+    if args.backend == "ray":
+        from tokengym.recorder.ray_backend import RayBackend, RolloutError, import_ray
+
+        try:
+            import_ray()
+        except ImportError as err:
+            raise ValueError(str(err)) from None
+        backend: Any = RayBackend(
+            address=args.address, num_engines=1 if args.engines is None else args.engines, num_workers=args.workers
         )
+        # Each engine actor builds its own policy, each env worker loads the tokenizer once.
+        env_tokenizer: Any = args.tokenizer or args.model
+        policy: Any = _policy_factory(args, engine_kwargs, env_tokenizer)
+        stopped = (RolloutError,)
+    else:
+        backend, env_tokenizer = "local", tokenizer
+        policy = _policy_factory(args, engine_kwargs, tokenizer)()
+    env_kwargs = {"tokenizer": env_tokenizer, "max_turns": args.max_turns}
+    try:
+        with TrajectoryWriter(args.out, tokenizer=tokenizer) as writer:
+            result = rollout(
+                args.env_id, policy, episodes=args.episodes, concurrency=args.concurrency, sampling=sampling,
+                seed=args.seed, env_kwargs=env_kwargs, on_episode=writer.write, progress=not args.quiet,
+                backend=backend,
+            )
+    except stopped as err:
+        print(summary_table(err.result.stats))  # type: ignore[attr-defined]
+        print(f"tokengym rollout: error: {err} (in {args.out})", file=sys.stderr)
+        return 1
     print(summary_table(result.stats))
     print(f"\n{len(result.trajectories)} trajectories written to {args.out}")
     if result.interrupted:
@@ -308,6 +359,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-turns", type=int, default=8)
     r.add_argument("--out", default="tokengym-runs/rollout", help="folder of the Parquet store")
     r.add_argument("--quiet", action="store_true")
+    r.add_argument(
+        "--backend", choices=["local", "ray"], default="local",
+        help="local: this process (default, no Ray); ray: env workers and policy engines as Ray actors",
+    )
+    r.add_argument("--address", help="with --backend ray: the cluster (auto, HOST:PORT, ray://HOST:10001); default: a local Ray")
+    r.add_argument("--engines", type=int, help="with --backend ray: policy engine actors (default 1)")
+    r.add_argument("--workers", type=int, help="with --backend ray: env worker actors (default: one per free CPU)")
     r.set_defaults(func=cmd_rollout)
 
     from .inspect import add_inspect_parser

@@ -6,13 +6,19 @@ serialize the others. Finished episodes are recorded and replaced until the requ
 number is done. Seeds make a run reproducible with a deterministic policy: episode ``i``
 resets with ``seed + i`` and each of its turns samples with a seed derived from
 ``(seed, i, turn)``, whatever else shares its batch.
+
+The episode logic lives in :class:`_Slot` (``begin``, ``params``, ``advance``) and is shared by
+the backends: this module's local driver steps all live slots in lock-step rounds; the Ray
+backend (:mod:`tokengym.recorder.ray_backend`, ``backend="ray"``) runs each slot's episode in
+an env worker actor against a policy engine actor, so episodes on many machines give the
+same trajectories, token for token, as here.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +31,10 @@ from tokengym.policies import Generation, Policy, SamplingParams
 from .trajectory import Trajectory
 from .wrapper import RecordEpisodes
 
-__all__ = ["RolloutResult", "RolloutStats", "rollout", "turn_seed"]
+__all__ = ["PolicyFactory", "RolloutResult", "RolloutStats", "rollout", "turn_seed"]
+
+PolicyFactory = Callable[[], Policy]
+"""A zero-argument callable that builds a policy (``functools.partial(VLLMPolicy, "model", ...)``)."""
 
 
 def turn_seed(seed: int, episode: int, turn: int) -> int:
@@ -48,6 +57,16 @@ class RolloutStats:
     stop_reasons: Counter = field(default_factory=Counter)
     conformance: Counter = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
+    """Episodes that were in flight on a worker that died (Ray backend): re-run, or counted in ``failed``."""
+    rerun: int = 0
+    """How many of the ``lost`` episodes were started again (their trajectories are in the result once)."""
+    per_node: Counter = field(default_factory=Counter)
+    """Finished episodes per Ray node id (Ray backend)."""
+    engine_restarts: int = 0
+    """Policy engine actors that Ray restarted during the run (Ray backend)."""
+    startup_s: float = 0.0
+    """Time to start the backend's actors before the first episode (Ray backend; not in ``wall_s``)."""
 
     @property
     def mean_reward(self) -> float:
@@ -77,6 +96,11 @@ class RolloutStats:
             "stop_reasons": dict(self.stop_reasons),
             "conformance": dict(self.conformance),
             "errors": list(self.errors),
+            "lost": list(self.lost),
+            "rerun": self.rerun,
+            "per_node": dict(self.per_node),
+            "engine_restarts": self.engine_restarts,
+            "startup_s": self.startup_s,
         }
 
 
@@ -89,16 +113,87 @@ class RolloutResult:
 
 @dataclass
 class _Slot:
+    """One env copy and the episode it runs: the per-episode logic every backend shares."""
+
     env: RecordEpisodes
     episode: int = -1
     stream: list[int] = field(default_factory=list)
     turn: int = 0
     remaining: int = 0
 
+    def begin(self, episode: int, seed: int) -> None:
+        """Reset for ``episode`` (with seed ``seed + episode``); raises what the env raises."""
+        self.episode = episode
+        obs, info = self.env.reset(seed=seed + episode)
+        self.stream, self.turn = [int(i) for i in obs], 0
+        self.remaining = int(info.get("remaining_context", 1 << 30))
+
+    def params(self, base: SamplingParams, seed: int) -> SamplingParams:
+        """The sampling settings of this slot's next turn."""
+        return _params(base, self, seed)
+
+    def step(self, gen: Generation) -> Any:
+        """``env.step`` with the generation; an exception is returned, not raised."""
+        try:
+            return self.env.step(gen.token_ids, logprobs=gen.logprobs)
+        except Exception as err:
+            return err
+
+    def advance(self, gen: Generation, result: tuple) -> Trajectory | None:
+        """Take a step's result into the stream; the finished trajectory when the episode ended."""
+        obs, _, terminated, truncated, info = result
+        self.stream += gen.token_ids.tolist() + obs.tolist()
+        self.turn += 1
+        self.remaining = int(info.get("remaining_context", self.remaining))
+        if not (terminated or truncated):
+            return None
+        traj = info["trajectory"]
+        traj.metadata["episode"] = self.episode
+        return traj
+
+    def failure(self, err: BaseException) -> str:
+        return f"episode {self.episode} turn {self.turn}: {err!r}"
+
+
+def env_factory(make_env: Callable[[], gym.Env] | str, env_kwargs: dict[str, Any] | None = None) -> Callable[[], gym.Env]:
+    """A factory of envs from a factory or a registered id (made with ``env_kwargs``)."""
+    if not isinstance(make_env, str):
+        return make_env
+    env_id, kwargs = make_env, dict(env_kwargs or {})
+
+    def make() -> gym.Env:
+        if env_id.startswith("tokengym/") and env_id not in gym.registry:
+            import tokengym.envs  # noqa: F401  (registers the tokengym/ envs; needed in a fresh worker process)
+        return gym.make(env_id, **kwargs)
+
+    return make
+
+
+def sampling_record(base: SamplingParams, name: str, logprob_kind: str, seed: int) -> dict[str, Any]:
+    """The sampling settings recorded with every trajectory of a run."""
+    return {**base.as_dict(), "policy": name, "logprob_kind": logprob_kind, "seed": seed}
+
+
+def is_policy(obj: Any) -> bool:
+    """A policy instance (it generates), as opposed to a factory of one (a class is a factory)."""
+    return hasattr(obj, "generate") and not isinstance(obj, type)
+
+
+def build_policy(policy: Policy | PolicyFactory) -> Policy:
+    """``policy`` itself, or the policy its factory builds."""
+    if is_policy(policy):
+        return policy  # type: ignore[return-value]
+    if callable(policy):
+        built = policy()
+        if not is_policy(built):
+            raise TypeError(f"the policy factory returned {type(built).__name__}, not a Policy")
+        return built
+    raise TypeError(f"expected a Policy or a zero-argument factory of one, got {type(policy).__name__}")
+
 
 def rollout(
     make_env: Callable[[], gym.Env] | str,
-    policy: Policy,
+    policy: Policy | PolicyFactory,
     *,
     episodes: int,
     concurrency: int = 8,
@@ -107,15 +202,24 @@ def rollout(
     env_kwargs: dict[str, Any] | None = None,
     on_episode: Callable[[Trajectory], None] | None = None,
     progress: bool = True,
+    backend: str | Any = "local",
+    address: str | None = None,
 ) -> RolloutResult:
     """Run ``episodes`` episodes, ``concurrency`` at a time, and return their trajectories.
 
     Args:
         make_env: a factory of tokengym envs, or a registered id (made with ``env_kwargs``).
-        policy: any :class:`tokengym.policies.Policy`.
+        policy: any :class:`tokengym.policies.Policy`, or a zero-argument factory of one
+            (``functools.partial(VLLMPolicy, "model", ...)``): with ``backend="ray"`` each engine
+            actor builds its own (a policy instance is pickled into the engine instead).
         sampling: the base settings; each env's stop tokens and stop strings are added and
             ``max_tokens`` is clamped to the context the env has left.
         on_episode: called with each finished trajectory as it finishes (e.g. a store's ``write``).
+        backend: ``"local"`` (the default: this process, no Ray), ``"ray"`` (env workers and
+            policy engines as Ray actors, :class:`~tokengym.recorder.ray_backend.RayBackend` with
+            its defaults), or a configured ``RayBackend``.
+        address: with ``backend="ray"``: the cluster to connect to (``"auto"``, ``"HOST:PORT"``,
+            ``"ray://HOST:10001"``); None starts a local Ray unless one is connected already.
 
     Ctrl-C stops the run cleanly: every finished episode is returned (and was passed to
     ``on_episode``); the unfinished ones are dropped whole, never half-recorded.
@@ -123,11 +227,26 @@ def rollout(
     if episodes < 0 or concurrency < 1:
         raise ValueError(f"need episodes >= 0 and concurrency >= 1, got {episodes} and {concurrency}")
     base = sampling or SamplingParams()
-    if isinstance(make_env, str):
-        env_id, kwargs = make_env, dict(env_kwargs or {})
-        make_env = lambda: gym.make(env_id, **kwargs)  # noqa: E731
-    record = {**base.as_dict(), "policy": getattr(policy, "name", type(policy).__name__),
-              "logprob_kind": getattr(policy, "logprob_kind", "none"), "seed": seed}
+    if isinstance(backend, str):
+        if backend not in ("local", "ray"):
+            raise ValueError(f'unknown backend {backend!r}: use "local", "ray" or a RayBackend')
+        if backend == "local" and address is not None:
+            raise ValueError("address= is for backend='ray'")
+        if backend == "ray":
+            from .ray_backend import RayBackend
+
+            backend = RayBackend(address=address)
+    elif address is not None:
+        raise ValueError("a configured backend brings its own address: RayBackend(address=...)")
+    if not isinstance(backend, str):
+        return backend.run(
+            make_env, policy, episodes=episodes, concurrency=concurrency, sampling=base, seed=seed,
+            env_kwargs=env_kwargs, on_episode=on_episode, progress=progress,
+        )
+    owned = not is_policy(policy)  # built here from a factory: closed here too
+    policy = build_policy(policy)
+    make_env = env_factory(make_env, env_kwargs)
+    record = sampling_record(base, getattr(policy, "name", type(policy).__name__), getattr(policy, "logprob_kind", "none"), seed)
     stats = RolloutStats()
     done: list[Trajectory] = []
     slots = [_Slot(RecordEpisodes(make_env(), keep=False, sampling=record)) for _ in range(min(concurrency, episodes))]
@@ -138,60 +257,39 @@ def rollout(
     def begin(slot: _Slot) -> bool:
         nonlocal next_episode
         while next_episode < episodes:
-            slot.episode, next_episode = next_episode, next_episode + 1
+            episode, next_episode = next_episode, next_episode + 1
             try:
-                obs, info = slot.env.reset(seed=seed + slot.episode)
+                slot.begin(episode, seed)
             except Exception as err:  # a broken task must not stop the run
                 stats.failed += 1
-                stats.errors.append(f"episode {slot.episode}: reset failed: {err!r}")
+                stats.errors.append(f"episode {episode}: reset failed: {err!r}")
                 bar.update(1)
                 continue
-            slot.stream, slot.turn = [int(i) for i in obs], 0
-            slot.remaining = int(info.get("remaining_context", 1 << 30))
             return True
         slot.episode = -1
         return False
-
-    def step(slot: _Slot, gen: Generation) -> tuple[_Slot, Generation, Any]:
-        try:
-            return slot, gen, slot.env.step(gen.token_ids, logprobs=gen.logprobs)
-        except Exception as err:
-            return slot, gen, err
 
     interrupted = False
     live = [s for s in slots if begin(s)]
     try:
         with ThreadPoolExecutor(max_workers=max(1, len(slots))) as pool:
             while live:
-                params = [_params(base, s, seed) for s in live]
+                params = [s.params(base, seed) for s in live]
                 t0 = time.perf_counter()
                 gens = policy.generate([s.stream for s in live], params)
                 stats.engine_s += time.perf_counter() - t0
                 still = []
-                for slot, gen, result in pool.map(lambda a: step(*a), zip(live, gens)):
+                for slot, gen, result in pool.map(lambda a: (a[0], a[1], a[0].step(a[1])), zip(live, gens)):
                     if isinstance(result, Exception):
                         stats.failed += 1
-                        stats.errors.append(f"episode {slot.episode} turn {slot.turn}: {result!r}")
+                        stats.errors.append(slot.failure(result))
                         bar.update(1)
                         if begin(slot):
                             still.append(slot)
                         continue
-                    obs, _, terminated, truncated, info = result
-                    slot.stream += gen.token_ids.tolist() + obs.tolist()
-                    slot.turn += 1
-                    slot.remaining = int(info.get("remaining_context", slot.remaining))
-                    if terminated or truncated:
-                        traj = info["trajectory"]
-                        traj.metadata["episode"] = slot.episode
-                        _account(stats, traj)
-                        done.append(traj)
-                        if on_episode is not None:
-                            on_episode(traj)
-                        bar.update(1)
-                        bar.set_postfix(
-                            tok_s=f"{stats.policy_tokens / max(time.perf_counter() - start, 1e-9):.0f}",
-                            reward=f"{stats.mean_reward:.3f}",
-                        )
+                    traj = slot.advance(gen, result)
+                    if traj is not None:
+                        record_finished(stats, traj, done, on_episode, bar, start)
                         if not begin(slot):
                             continue
                     still.append(slot)
@@ -203,6 +301,8 @@ def rollout(
         stats.wall_s = time.perf_counter() - start
         for s in slots:
             s.env.close()
+        if owned and hasattr(policy, "close"):
+            policy.close()
     done.sort(key=lambda t: t.metadata["episode"])
     return RolloutResult(done, stats, interrupted)
 
@@ -216,6 +316,26 @@ def _params(base: SamplingParams, slot: _Slot, seed: int) -> SamplingParams:
         seed=turn_seed(seed, slot.episode, slot.turn) if base.seed is None else turn_seed(base.seed, slot.episode, slot.turn),
         stop_token_ids=stop_ids,
         stop_strings=stop_strings,
+    )
+
+
+def record_finished(
+    stats: RolloutStats,
+    traj: Trajectory,
+    done: list[Trajectory],
+    on_episode: Callable[[Trajectory], None] | None,
+    bar: Any,
+    start: float,
+) -> None:
+    """Count a finished trajectory, keep it, hand it to ``on_episode`` and move the progress bar."""
+    _account(stats, traj)
+    done.append(traj)
+    if on_episode is not None:
+        on_episode(traj)
+    bar.update(1)
+    bar.set_postfix(
+        tok_s=f"{stats.policy_tokens / max(time.perf_counter() - start, 1e-9):.0f}",
+        reward=f"{stats.mean_reward:.3f}",
     )
 
 
@@ -239,7 +359,7 @@ def _progress(total: int, enabled: bool) -> Any:
 
 def summary_table(stats: RolloutStats) -> str:
     """A short human-readable summary of a run."""
-    rows: Sequence[tuple[str, str]] = [
+    rows: list[tuple[str, str]] = [
         ("episodes", f"{stats.episodes} done, {stats.failed} failed"),
         ("tokens", f"{stats.tokens} ({stats.policy_tokens} from the policy)"),
         ("turns", str(stats.turns)),
@@ -248,5 +368,14 @@ def summary_table(stats: RolloutStats) -> str:
         ("conformance", ", ".join(f"{k} {v}" for k, v in sorted(stats.conformance.items())) or "-"),
         ("throughput", f"{stats.tokens_per_s:.1f} policy tokens/s, {100 * stats.outside_engine_share:.0f}% of time outside the policy"),
     ]
+    if stats.per_node:
+        nodes = ", ".join(f"{node[:8]} {n}" for node, n in sorted(stats.per_node.items()))
+        rows.append(("nodes", f"{len(stats.per_node)} ({nodes} episodes)"))
+    if stats.lost:
+        fate = f"{stats.rerun} re-run" if stats.rerun else "counted as failed"
+        rows.append(("lost", f"{len(stats.lost)} in flight on a dead worker: episodes "
+                     f"{', '.join(map(str, sorted(stats.lost)))} ({fate})"))
+    if stats.engine_restarts:
+        rows.append(("engine restarts", str(stats.engine_restarts)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

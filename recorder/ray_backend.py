@@ -1,0 +1,699 @@
+"""The Ray backend of the rollout driver: env workers and policy engines as Ray actors.
+
+``rollout(..., backend="ray")`` (or ``RayBackend(...).run(...)``) runs the same episodes as
+the local driver, with the same seeds and the same per-episode logic
+(:class:`~tokengym.recorder.rollout._Slot`), on a Ray cluster::
+
+    driver (this process)           env workers (actors, spread      policy engines (actors:
+    episode queue, ray.wait   --->  over the nodes): env copies, --> vLLM, transformers, ...):
+    store writes as episodes        tools and sandboxes; one         one policy each, concurrent
+    arrive                    <---  episode per slot at a time       requests batched together
+
+* An **env worker** owns ``slots`` env copies (and so their tools and sandboxes) and runs
+  whole episodes, one per slot at a time, each in its own thread: reset, then per turn a
+  request to the episode's engine and an ``env.step``. It returns a finished trajectory,
+  never a part of one.
+* A **policy engine** builds its policy inside the actor from a picklable factory
+  (``functools.partial(VLLMPolicy, "model", ...)``) or from a pickled policy, and batches
+  the requests that arrive while it is busy into one ``generate`` call (an engine with
+  ``agenerate``, such as ``AsyncVLLMPolicy``, gets each request as it comes). Every
+  request of one episode goes to the same engine, so its prefix cache is reused.
+* The **driver** hands episodes to workers with a free slot and an engine with room
+  (at most ``max_inflight_per_engine`` episodes in flight per engine: backpressure), and
+  collects finished trajectories as they arrive (``on_episode`` writes each to the store at
+  once). A slow tool holds up only its own episode.
+
+Faults: a worker that dies loses only its in-flight episodes; each is started again on
+another worker (``max_reruns``, default 1) or counted as failed, never half-written, and
+the run goes on with a replacement worker. The lost episodes are named in
+``stats.lost`` / ``stats.errors``. An engine that dies is restarted by Ray
+(``engine_restarts``, default 1; its in-flight requests are retried, and since every
+request is seeded they give the same tokens); one that stays dead ends the run with a
+:class:`RolloutError` carrying what was recorded before.
+
+Ray is imported only when this backend runs: ``pip install "tokengym[ray]"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import queue
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from tokengym.policies import Generation, Policy, SamplingParams
+
+from .rollout import (
+    PolicyFactory,
+    RolloutResult,
+    RolloutStats,
+    _progress,
+    _Slot,
+    build_policy,
+    env_factory,
+    is_policy,
+    record_finished,
+    sampling_record,
+)
+from .trajectory import Trajectory
+from .wrapper import RecordEpisodes
+
+__all__ = ["INSTALL_HINT", "EnvWorker", "PolicyEngine", "RayBackend", "RolloutError", "import_ray"]
+
+INSTALL_HINT = 'pip install "tokengym[ray]"'
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or an ImportError that says how to install it."""
+    try:
+        import ray
+    except ImportError as err:
+        raise ImportError(f"the Ray backend needs Ray: {INSTALL_HINT}") from err
+    return ray
+
+
+class RolloutError(RuntimeError):
+    """The run could not go on (an engine died for good, no env worker is left).
+
+    ``result`` holds every episode finished before (each was already passed to ``on_episode``).
+    """
+
+    def __init__(self, message: str, result: RolloutResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def _cause(err: BaseException) -> BaseException:
+    """The user-code exception inside a Ray task error."""
+    return getattr(err, "cause", None) or err
+
+
+def _short(err: BaseException, limit: int = 300) -> str:
+    text = f"{type(err).__name__}: {err}".strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------- actors
+class EnvWorker:
+    """``slots`` env copies in one process; runs whole episodes, one per slot at a time.
+
+    Made a Ray actor by :class:`RayBackend` (threaded: ``max_concurrency=slots + 1``, so a
+    slow tool in one slot does not hold up the others, and control calls always get a thread).
+    """
+
+    def __init__(self, make_env: Callable[[], gym.Env] | str, env_kwargs: dict[str, Any] | None, slots: int) -> None:
+        if isinstance(make_env, str) and isinstance((env_kwargs or {}).get("tokenizer"), (str, os.PathLike)):
+            from tokengym.envs import load_tokenizer
+
+            # Load a named tokenizer once for all of this worker's env copies (as the CLI does locally).
+            env_kwargs = {**env_kwargs, "tokenizer": load_tokenizer(env_kwargs["tokenizer"])}  # type: ignore[dict-item]
+        factory = env_factory(make_env, env_kwargs)
+        self._envs = [RecordEpisodes(factory(), keep=False) for _ in range(slots)]
+        self._free: queue.SimpleQueue[RecordEpisodes] = queue.SimpleQueue()
+        for env in self._envs:
+            self._free.put(env)
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def run_episode(self, episode: int, engine: Any, config: tuple[SamplingParams, int, dict[str, Any]]) -> dict[str, Any]:
+        """One whole episode against ``engine``: ``{"episode", "trajectory"}`` or ``{"episode", "error"}``.
+
+        ``config`` is the run's ``(base sampling, seed, sampling record)``.
+        """
+        env = self._free.get()  # the driver never sends more episodes than slots
+        try:
+            env.sampling = config[2]
+            return self._run(_Slot(env), episode, engine, *config[:2])
+        finally:
+            self._free.put(env)
+
+    def _run(self, slot: _Slot, episode: int, engine: Any, base: SamplingParams, seed: int) -> dict[str, Any]:
+        import ray
+
+        try:
+            slot.begin(episode, seed)
+        except Exception as err:  # a broken task must not stop the run
+            return {"episode": episode, "error": f"episode {episode}: reset failed: {err!r}"}
+        while True:
+            try:
+                gen: Generation = ray.get(engine.generate.remote(slot.stream, slot.params(base, seed)))
+            except ray.exceptions.RayTaskError as err:  # the policy refused this request
+                return {"episode": episode, "error": slot.failure(_cause(err))}
+            except ray.exceptions.RayError as err:  # the engine actor is gone (Ray retries while it restarts)
+                return {"episode": episode, "engine_died": _short(err)}
+            result = slot.step(gen)
+            if isinstance(result, Exception):
+                return {"episode": episode, "error": slot.failure(result)}
+            traj = slot.advance(gen, result)
+            if traj is not None:
+                return {"episode": episode, "trajectory": traj}
+
+    def close(self) -> None:
+        """Close every env (and so its tools' and sandboxes' resources)."""
+        for env in self._envs:
+            env.close()
+
+
+class PolicyEngine:
+    """One policy in an actor; requests that arrive while it is busy are batched together.
+
+    Made an async Ray actor by :class:`RayBackend`. The policy is built, and always called,
+    on one thread of its own (engines such as vLLM's offline ``LLM`` keep per-thread state).
+    """
+
+    def __init__(self, policy: Policy | PolicyFactory, batch_wait_s: float = 0.0) -> None:
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="tokengym-engine")
+        self.policy = self._executor.submit(build_policy, policy).result()
+        self.batch_wait_s = batch_wait_s
+        self._native = getattr(self.policy, "agenerate", None)
+        self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
+        self._drainer: asyncio.Future | None = None
+        self._active = 0
+        self._since = 0.0
+        self.busy_s = 0.0
+        self.requests = 0
+        self.batches = 0
+        self.max_batch = 0
+        self.peak = 0  # most requests in the engine at once
+
+    def describe(self) -> dict[str, Any]:
+        import ray
+
+        return {
+            "name": getattr(self.policy, "name", type(self.policy).__name__),
+            "logprob_kind": getattr(self.policy, "logprob_kind", "none"),
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    def stats(self) -> dict[str, Any]:
+        busy = self.busy_s + (time.perf_counter() - self._since if self._active else 0.0)
+        return {
+            "busy_s": busy, "requests": self.requests, "batches": self.batches, "max_batch": self.max_batch,
+            "peak": self.peak, "pid": os.getpid(),
+        }
+
+    def close(self) -> None:
+        """Close the policy (an engine's processes, its memory) before the actor ends."""
+        close = getattr(self.policy, "close", None)
+        if close is not None:
+            self._executor.submit(close).result()
+
+    async def generate(self, context: list[int], params: SamplingParams) -> Generation:
+        self.requests += 1
+        if self._active == 0:
+            self._since = time.perf_counter()
+        self._active += 1
+        self.peak = max(self.peak, self._active)
+        try:
+            if self._native is not None:
+                return (await self._native([context], [params]))[0]
+            future = asyncio.get_running_loop().create_future()
+            self._pending.append((context, params, future))
+            if self._drainer is None or self._drainer.done():
+                self._drainer = asyncio.ensure_future(self._drain())
+            return await future
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                self.busy_s += time.perf_counter() - self._since
+
+    async def _call(self, contexts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.policy.generate, contexts, params)
+
+    async def _drain(self) -> None:
+        """Serve what is pending as one batch, again and again while requests keep coming."""
+        while self._pending:
+            if self.batch_wait_s:
+                await asyncio.sleep(self.batch_wait_s)
+            batch, self._pending = self._pending, []
+            self.batches += 1
+            self.max_batch = max(self.max_batch, len(batch))
+            results: list[Any]
+            try:
+                results = await self._call([c for c, _, _ in batch], [p for _, p, _ in batch])
+            except Exception as err:
+                results = [err] if len(batch) == 1 else [await self._one(c, p) for c, p, _ in batch]
+            for (_, _, future), result in zip(batch, results):
+                if future.done():  # cancelled
+                    continue
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+    async def _one(self, context: list[int], params: SamplingParams) -> Any:
+        """A failed batch again, request by request: a bad request fails alone."""
+        try:
+            return (await self._call([context], [params]))[0]
+        except Exception as err:
+            return err
+
+
+# --------------------------------------------------------------------- driver
+@dataclass
+class RayBackend:
+    """Run a rollout's episodes on Ray: env workers and policy engines as actors.
+
+    Args:
+        address: the cluster (``"auto"``, ``"HOST:PORT"``, ``"ray://HOST:10001"``); None connects
+            to ``$RAY_ADDRESS`` or starts a local Ray. A Ray already initialized in this
+            process is used as it is (and left running).
+        num_workers: env worker actors; default: one per free CPU of the cluster (each takes
+            ``worker_options["num_cpus"]``, default 1), at most one per concurrent episode.
+        slots_per_worker: env copies per worker; default: the concurrency spread over the workers.
+        num_engines: policy engine actors; each episode sticks to one.
+        max_inflight_per_engine: episodes in flight per engine at most (backpressure);
+            default: the concurrency spread over the engines.
+        worker_options, engine_options: Ray actor options, e.g. ``{"num_cpus": 2}`` for
+            workers with CPU-heavy tools, ``{"num_gpus": 1}`` for vLLM engines on GPUs,
+            ``{"runtime_env": {"env_vars": {...}}}``. Engines take no CPU by default.
+        max_reruns: how often an episode lost with a dead worker is started again (0: count it
+            as failed).
+        max_worker_replacements: dead workers replaced by new ones over the run; default: as
+            many as there are workers.
+        engine_restarts: how often Ray restarts a dead engine (its in-flight requests are retried).
+        batch_wait_s: how long an idle engine waits for more requests before a batch.
+        start_timeout_s: how long actors may take to start (placement on a busy cluster,
+            imports, model loading) before the run ends with a clear error.
+        init_kwargs: passed to ``ray.init`` when this backend starts or connects to Ray
+            (``runtime_env``, ``namespace``, ...).
+
+    Each :meth:`run` starts the actors and ends them (and a Ray it started) when it returns.
+    Used as a context manager, the backend keeps them between runs instead: engines while
+    the policy is the same object, workers while the env and the layout are the same::
+
+        with RayBackend(address="auto", num_engines=2, engine_options={"num_gpus": 1}) as ray_backend:
+            for step in range(steps):
+                result = rollout("tokengym/Calculator-v0", make_policy, episodes=256, backend=ray_backend, ...)
+
+    ``workers`` and ``engines`` hold the actor handles while they live.
+    """
+
+    address: str | None = None
+    num_workers: int | None = None
+    slots_per_worker: int | None = None
+    num_engines: int = 1
+    max_inflight_per_engine: int | None = None
+    worker_options: dict[str, Any] = field(default_factory=dict)
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    max_reruns: int = 1
+    max_worker_replacements: int | None = None
+    engine_restarts: int = 1
+    batch_wait_s: float = 0.0
+    start_timeout_s: float = 600.0
+    init_kwargs: dict[str, Any] = field(default_factory=dict)
+    workers: list[Any] = field(default_factory=list, init=False, repr=False)
+    engines: list[Any] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.num_engines < 1:
+            raise ValueError(f"num_engines must be at least 1, got {self.num_engines}")
+        for name in ("num_workers", "slots_per_worker", "max_inflight_per_engine"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.max_reruns < 0 or self.engine_restarts < 0:
+            raise ValueError("max_reruns and engine_restarts must be >= 0")
+        self._keep = False
+        self._owns_ray = False
+        self._ray: Any = None
+        self._policy_key: Any = None
+        self._engine_info: dict[str, Any] = {}
+        self._worker_key: Any = None
+        self._alive: list[int] = []  # indices into workers of the live ones
+        self._nodes: list[Any] = []  # node id per worker (an ObjectRef until it answers)
+
+    # ------------------------------------------------------------ session
+    def __enter__(self) -> RayBackend:
+        self._keep = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._keep = False
+        self.close()
+
+    def close(self) -> None:
+        """End every actor (closing the envs first), and a Ray this backend started."""
+        ray = self._ray
+        if ray is None:
+            return
+        self._stop_workers()
+        self._stop_engines()
+        if self._owns_ray:
+            ray.shutdown()
+        self._ray, self._owns_ray = None, False
+
+    # ------------------------------------------------------------------ run
+    def run(
+        self,
+        make_env: Callable[[], gym.Env] | str,
+        policy: Policy | PolicyFactory,
+        *,
+        episodes: int,
+        concurrency: int = 8,
+        sampling: SamplingParams | None = None,
+        seed: int = 0,
+        env_kwargs: dict[str, Any] | None = None,
+        on_episode: Callable[[Trajectory], None] | None = None,
+        progress: bool = True,
+    ) -> RolloutResult:
+        """As :func:`~tokengym.recorder.rollout`: the same episodes, seeds and result layout."""
+        if episodes < 0 or concurrency < 1:
+            raise ValueError(f"need episodes >= 0 and concurrency >= 1, got {episodes} and {concurrency}")
+        ray = import_ray()
+        base = sampling or SamplingParams()
+        if episodes == 0:
+            return RolloutResult([], RolloutStats())
+        if self._ray is None:
+            if not ray.is_initialized():
+                ray.init(address=self.address, **{"include_dashboard": False, **self.init_kwargs})
+                self._owns_ray = True
+            self._ray = ray
+        clean = False
+        try:
+            t0 = time.perf_counter()
+            self._ensure_engines(policy)
+            config = (base, seed, sampling_record(base, self._engine_info["name"], self._engine_info["logprob_kind"], seed))
+            self._ensure_workers(make_env, env_kwargs, min(concurrency, episodes))
+            startup = time.perf_counter() - t0
+            result = _Run(self, config, episodes, on_episode, progress).drive()
+            result.stats.startup_s = startup
+            clean = not result.interrupted
+            return result
+        finally:
+            if not clean:  # episodes may still be in flight: start afresh next time
+                self._stop_workers()
+                self._stop_engines()
+            if not self._keep:
+                self.close()
+
+    # ------------------------------------------------------------- engines
+    def _ensure_engines(self, policy: Any) -> None:
+        if len(self.engines) == self.num_engines and _same(policy, self._policy_key):
+            return
+        self._stop_engines()
+        ray = self._ray
+        if is_policy(policy):  # an instance: each engine gets a pickled copy
+            try:
+                ray.cloudpickle.dumps(policy)
+            except Exception as err:
+                raise TypeError(
+                    f"the policy {type(policy).__name__} cannot be sent to a Ray engine actor ({_short(err)}); "
+                    "pass a zero-argument factory that builds it, e.g. functools.partial(VLLMPolicy, MODEL, ...)"
+                ) from err
+        elif not callable(policy):
+            raise TypeError(f"expected a Policy or a zero-argument factory of one, got {type(policy).__name__}")
+        options = {
+            "num_cpus": 0,
+            "max_restarts": self.engine_restarts,
+            "max_task_retries": -1 if self.engine_restarts else 0,
+            **self.engine_options,
+        }
+        actor = ray.remote(PolicyEngine).options(**options)
+        self.engines = [actor.remote(policy, self.batch_wait_s) for _ in range(self.num_engines)]
+        try:
+            described = ray.get([e.describe.remote() for e in self.engines], timeout=self.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self._stop_engines()
+            raise RuntimeError(
+                f"{self.num_engines} policy engine actors did not start within {self.start_timeout_s:.0f} s; "
+                f"they need {_needs(options)} each and the cluster has {_free_resources(ray)} free"
+            ) from None
+        except ray.exceptions.RayError as err:
+            self._stop_engines()
+            raise RuntimeError(f"a policy engine actor failed to start: {_short(_cause(err), 2000)}") from None
+        self._policy_key = policy
+        self._engine_info = described[0]
+        self._engine_pids = [d["pid"] for d in described]
+
+    def _engine_stats(self) -> tuple[int, float]:
+        """(engines restarted since the last call, mean busy seconds of the engines)."""
+        try:
+            stats = self._ray.get([e.stats.remote() for e in self.engines], timeout=30)
+        except Exception:
+            return 0, 0.0
+        restarted = sum(s["pid"] != pid for s, pid in zip(stats, self._engine_pids))
+        self._engine_pids = [s["pid"] for s in stats]
+        return restarted, sum(s["busy_s"] for s in stats) / len(stats)
+
+    def _stop_engines(self) -> None:
+        if self.engines and self._ray is not None:
+            closing = [e.close.remote() for e in self.engines]
+            self._ray.wait(closing, num_returns=len(closing), timeout=30)
+        for engine in self.engines:
+            _kill(self._ray, engine)
+        self.engines, self._policy_key = [], None
+
+    # ------------------------------------------------------------- workers
+    def _ensure_workers(self, make_env: Any, env_kwargs: Any, concurrency: int) -> None:
+        """Workers for this env and layout: the live ones when they fit, else new ones."""
+        ray = self._ray
+        cpus = float(self.worker_options.get("num_cpus", 1))
+        if self.num_workers is not None:
+            n = self.num_workers
+        else:
+            # one per CPU free for this backend (its own live workers' CPUs count as free)
+            free = float(ray.available_resources().get("CPU", 0.0)) + cpus * len(self._alive)
+            n = max(1, int(free // cpus)) if cpus > 0 else concurrency
+        n = max(1, min(n, concurrency))
+        slots = self.slots_per_worker or math.ceil(concurrency / n)
+        key = (make_env, env_kwargs, n, slots)
+        if not (self._alive and _same(key, self._worker_key) and len(self._alive) == n):
+            self._stop_workers()
+            self._slots, self._env = slots, (make_env, env_kwargs)
+            free = _free_resources(ray)
+            for _ in range(n):
+                self._spawn_worker()
+            try:
+                self._nodes = ray.get(self._nodes, timeout=self.start_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                self._stop_workers()
+                raise RuntimeError(
+                    f"{n} env worker actors did not start within {self.start_timeout_s:.0f} s; they need "
+                    f"{_needs(self._worker_options())} each and the cluster had {free} free"
+                ) from None
+            except ray.exceptions.RayError as err:
+                self._stop_workers()
+                raise RuntimeError(f"an env worker actor failed to start: {_short(_cause(err), 2000)}") from None
+            self._worker_key = key
+        self._capacity = min(concurrency, n * slots)
+        self._per_engine = self.max_inflight_per_engine or math.ceil(self._capacity / self.num_engines)
+
+    def _worker_options(self) -> dict[str, Any]:
+        return {
+            "num_cpus": 1,
+            "scheduling_strategy": "SPREAD",
+            "max_restarts": 0,  # the driver replaces a dead worker itself, knowing what it lost
+            **self.worker_options,
+            "max_concurrency": self._slots + 1,  # a thread per slot, and one for control calls
+        }
+
+    def _spawn_worker(self) -> int:
+        """Start a worker; its entry in ``_nodes`` is a reference that answers once it has started."""
+        worker = self._ray.remote(EnvWorker).options(**self._worker_options()).remote(*self._env, self._slots)
+        self.workers.append(worker)
+        self._nodes.append(worker.node_id.remote())
+        self._alive.append(len(self.workers) - 1)
+        return len(self.workers) - 1
+
+    def _stop_workers(self) -> None:
+        """Close every env (tools, sandboxes), then end the workers."""
+        ray = self._ray
+        if ray is None:
+            return
+        alive = [self.workers[w] for w in self._alive]
+        closing = [w.close.remote() for w in alive]
+        if closing:
+            ray.wait(closing, num_returns=len(closing), timeout=30)
+        for worker in self.workers:
+            _kill(ray, worker)
+        self.workers, self._alive, self._nodes, self._worker_key = [], [], [], None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a`` is ``b``, or equal to it (a comparison that fails counts as different)."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _needs(options: dict[str, Any]) -> str:
+    keys = ("num_cpus", "num_gpus", "resources", "memory")
+    return ", ".join(f"{k}={options[k]}" for k in keys if options.get(k)) or "no resources"
+
+
+def _free_resources(ray: Any) -> str:
+    free = ray.available_resources()
+    return ", ".join(f"{free[k]:g} {k}" for k in ("CPU", "GPU") if k in free) or "nothing"
+
+
+def _kill(ray: Any, actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:
+        pass
+
+
+class _Abort(Exception):
+    """Ends the driver loop; becomes a :class:`RolloutError` with the result so far."""
+
+
+class _Run:
+    """The driver loop of one :meth:`RayBackend.run`."""
+
+    def __init__(
+        self,
+        backend: RayBackend,
+        config: tuple[SamplingParams, int, dict[str, Any]],
+        episodes: int,
+        on_episode: Callable[[Trajectory], None] | None,
+        progress: bool,
+    ) -> None:
+        self.b, self.ray = backend, backend._ray
+        self.config = self.ray.put(config)
+        self.on_episode = on_episode
+        self.queue: deque[int] = deque(range(episodes))
+        # live workers' free slots; workers still starting wait in `starting` (their node-id reference)
+        self.free = {w: backend._slots for w in backend._alive if isinstance(backend._nodes[w], str)}
+        self.starting = {backend._nodes[w]: w for w in backend._alive if w not in self.free}
+        self.load = [0] * backend.num_engines
+        self.inflight: dict[Any, tuple[int, int, int]] = {}  # ref -> (episode, worker, engine)
+        self.attempts: Counter[int] = Counter()
+        self.replacements = backend.max_worker_replacements
+        if self.replacements is None:
+            self.replacements = len(backend._alive)
+        self.stats = RolloutStats()
+        self.done: list[Trajectory] = []
+        self.bar = _progress(episodes, progress)
+        self.start = time.perf_counter()
+
+    def drive(self) -> RolloutResult:
+        interrupted = False
+        try:
+            while self.queue or self.inflight:
+                self._launch()
+                refs = [*self.inflight, *self.starting]
+                if not refs:
+                    raise _Abort(f"no env worker is left ({len(self.queue)} episodes not run)")
+                # Only new workers starting: wait for them as long as a start may take.
+                timeout = None if self.inflight else self.b.start_timeout_s
+                ready, rest = self.ray.wait(refs, num_returns=1, timeout=timeout)
+                if not ready:
+                    raise _Abort(f"no new env worker started within {self.b.start_timeout_s:.0f} s")
+                if rest:
+                    more, _ = self.ray.wait(rest, num_returns=len(rest), timeout=0)
+                    ready += more
+                for ref in ready:
+                    if ref in self.starting:
+                        self._started(ref)
+                    else:
+                        self._collect(ref)
+        except KeyboardInterrupt:
+            interrupted = True
+        except _Abort as stop:
+            raise RolloutError(f"{stop}; {len(self.done)} finished episodes were kept", self._result()) from None
+        finally:
+            self.bar.close()
+            self.stats.wall_s = time.perf_counter() - self.start
+            self.stats.engine_restarts, self.stats.engine_s = self.b._engine_stats()
+        return self._result(interrupted)
+
+    def _result(self, interrupted: bool = False) -> RolloutResult:
+        self.done.sort(key=lambda t: t.metadata["episode"])
+        return RolloutResult(self.done, self.stats, interrupted)
+
+    def _launch(self) -> None:
+        b = self.b
+        while self.queue and len(self.inflight) < b._capacity and self.free:
+            worker = max(self.free, key=self.free.__getitem__)
+            engine = min(range(b.num_engines), key=self.load.__getitem__)
+            if self.free[worker] == 0 or self.load[engine] >= b._per_engine:
+                return
+            episode = self.queue.popleft()
+            ref = b.workers[worker].run_episode.remote(episode, b.engines[engine], self.config)
+            self.inflight[ref] = (episode, worker, engine)
+            self.free[worker] -= 1
+            self.load[engine] += 1
+
+    def _collect(self, ref: Any) -> None:
+        ray, stats = self.ray, self.stats
+        episode, worker, engine = self.inflight.pop(ref)
+        self.load[engine] -= 1
+        if worker in self.free:
+            self.free[worker] += 1
+        try:
+            out = ray.get(ref)
+        except ray.exceptions.RayTaskError as err:  # a bug in the worker, not a lost process
+            self._failed(f"episode {episode}: {_short(_cause(err))}")
+            return
+        except ray.exceptions.RayError as err:  # the worker (or its node) died
+            self._lost(episode, worker, err)
+            return
+        if "trajectory" in out:
+            stats.per_node[self.b._nodes[worker]] += 1
+            record_finished(stats, out["trajectory"], self.done, self.on_episode, self.bar, self.start)
+        elif "engine_died" in out:
+            raise _Abort(
+                f"policy engine {engine} died and was not restarted (engine_restarts={self.b.engine_restarts}): "
+                f"{out['engine_died']}"
+            )
+        else:
+            self._failed(out["error"])
+
+    def _replace(self) -> None:
+        """Start a worker in a dead one's place (it takes episodes once it has started)."""
+        if self.replacements:
+            self.replacements -= 1
+            new = self.b._spawn_worker()
+            self.starting[self.b._nodes[new]] = new
+
+    def _started(self, ref: Any) -> None:
+        b, worker = self.b, self.starting.pop(ref)
+        try:
+            b._nodes[worker] = self.ray.get(ref)
+        except self.ray.exceptions.RayError as err:
+            b._alive.remove(worker)
+            self.stats.errors.append(f"a new env worker failed to start: {_short(_cause(err))}")
+            self._replace()
+            return
+        self.free[worker] = b._slots
+
+    def _failed(self, message: str) -> None:
+        self.stats.failed += 1
+        self.stats.errors.append(message)
+        self.bar.update(1)
+
+    def _lost(self, episode: int, worker: int, err: BaseException) -> None:
+        """``episode`` was in flight on a worker that died: start it again, or count it as failed."""
+        b, stats = self.b, self.stats
+        if worker in self.free:  # first news of this death
+            del self.free[worker]
+            b._alive.remove(worker)
+            node = b._nodes[worker]
+            where = f" on node {node[:8]}" if isinstance(node, str) else ""
+            stats.errors.append(f"env worker {worker}{where} died: {_short(err)}")
+            self._replace()
+        stats.lost.append(episode)
+        self.attempts[episode] += 1
+        if self.attempts[episode] <= b.max_reruns:
+            stats.rerun += 1
+            stats.errors.append(f"episode {episode} was lost with env worker {worker}: started again")
+            self.queue.appendleft(episode)
+        else:
+            self._failed(f"episode {episode} was lost with env worker {worker}: counted as failed")

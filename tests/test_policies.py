@@ -162,3 +162,21 @@ def test_rollout_cli_writes_a_readable_store(tiny, qwen3, tmp_path, capsys):
     trajs = list(read_trajectories(out))
     assert len(trajs) == 3 and all(t.num_turns == 2 and t.has_logprobs for t in trajs)
     assert main(["rollout", "tokengym/Nope-v0", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_demo_with_another_model(tiny, qwen3, tmp_path, capsys):
+    from tokengym.recorder import read_trajectories
+    from tokengym.recorder.cli import main
+
+    tiny.save_pretrained(tmp_path / "model")
+    qwen3.save_pretrained(tmp_path / "model")
+    out = tmp_path / "demo"
+    code = main(["demo", "--model", str(tmp_path / "model"), "--episodes", "2", "--max-tokens", "4",
+                 "--max-turns", "1", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0 and "2 done, 0 failed" in printed and f"tokengym inspect {out}" in printed
+    trajs = list(read_trajectories(out))
+    assert len(trajs) == 2 and all(t.has_logprobs for t in trajs)
+    assert {t.sampling["policy"] for t in trajs} == {f"hf:{tmp_path / 'model'}"}  # the model asked for, not SmolLM2
+    assert main(["demo", "--policy", "vllm", "--out", str(tmp_path / "x")]) == 2
+    assert "--policy vllm needs --model" in capsys.readouterr().err

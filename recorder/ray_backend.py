@@ -356,6 +356,22 @@ class RayBackend:
             ray.shutdown()
         self._ray, self._owns_ray = None, False
 
+    def _await_start(
+        self, ray: Any, refs: list[Any], what: str, stop: Callable[[], None], needs: str, free: Callable[[], Any]
+    ) -> list[Any]:
+        """Wait for actors' first answers; on a timeout or a failed start, stop them and say why."""
+        try:
+            return ray.get(refs, timeout=self.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            stop()
+            raise RuntimeError(
+                f"{what} did not start within {self.start_timeout_s:.0f} s; they need {needs} each "
+                f"and the cluster has {free()} free"
+            ) from None
+        except ray.exceptions.RayError as err:
+            stop()
+            raise RuntimeError(f"one of {what} failed to start: {_short(_cause(err), 2000)}") from None
+
     # ------------------------------------------------------------------ run
     def run(
         self,
@@ -424,17 +440,10 @@ class RayBackend:
         }
         actor = ray.remote(PolicyEngine).options(**options)
         self.engines = [actor.remote(policy, self.batch_wait_s) for _ in range(self.num_engines)]
-        try:
-            described = ray.get([e.describe.remote() for e in self.engines], timeout=self.start_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            self._stop_engines()
-            raise RuntimeError(
-                f"{self.num_engines} policy engine actors did not start within {self.start_timeout_s:.0f} s; "
-                f"they need {_needs(options)} each and the cluster has {_free_resources(ray)} free"
-            ) from None
-        except ray.exceptions.RayError as err:
-            self._stop_engines()
-            raise RuntimeError(f"a policy engine actor failed to start: {_short(_cause(err), 2000)}") from None
+        described = self._await_start(
+            ray, [e.describe.remote() for e in self.engines], f"{self.num_engines} policy engine actors",
+            self._stop_engines, _needs(options), lambda: _free_resources(ray),
+        )
         self._policy_key = policy
         self._engine_info = described[0]
         self._engine_pids = [d["pid"] for d in described]
@@ -477,17 +486,10 @@ class RayBackend:
             free = _free_resources(ray)
             for _ in range(n):
                 self._spawn_worker()
-            try:
-                self._nodes = ray.get(self._nodes, timeout=self.start_timeout_s)
-            except ray.exceptions.GetTimeoutError:
-                self._stop_workers()
-                raise RuntimeError(
-                    f"{n} env worker actors did not start within {self.start_timeout_s:.0f} s; they need "
-                    f"{_needs(self._worker_options())} each and the cluster had {free} free"
-                ) from None
-            except ray.exceptions.RayError as err:
-                self._stop_workers()
-                raise RuntimeError(f"an env worker actor failed to start: {_short(_cause(err), 2000)}") from None
+            self._nodes = self._await_start(
+                ray, self._nodes, f"{n} env worker actors", self._stop_workers,
+                _needs(self._worker_options()), lambda: free,
+            )
             self._worker_key = key
         self._capacity = min(concurrency, n * slots)
         self._per_engine = self.max_inflight_per_engine or math.ceil(self._capacity / self.num_engines)

@@ -32,7 +32,7 @@ else:
     ray = pytest.importorskip("ray", reason='Ray is not installed: pip install "tokengym[ray]"')
 
 import torch  # noqa: E402
-from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from tiny_qwen3 import save_tiny_qwen3  # noqa: E402
 
 from tokengym.envs import ReplayEnv  # noqa: E402
 from tokengym.policies import AsyncVLLMPolicy, SamplingParams, VLLMPolicy  # noqa: E402
@@ -55,18 +55,8 @@ ENGINE = {
 
 @pytest.fixture(scope="module")
 def tiny_dir(qwen3, tmp_path_factory):
-    """A tiny random Qwen3 (hidden 128, 4 heads of 32, 2 layers, float32) with the real tokenizer."""
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=len(qwen3), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-        tie_word_embeddings=True, dtype="float32",
-    )
-    model = Qwen3ForCausalLM(config).eval()
-    path = tmp_path_factory.mktemp("tiny-qwen3")
-    model.save_pretrained(path)
-    qwen3.save_pretrained(path)
-    return path, model
+    """A tiny random Qwen3 with the real tokenizer (see tiny_qwen3.py)."""
+    return save_tiny_qwen3(qwen3, tmp_path_factory.mktemp("tiny-qwen3"))
 
 
 @pytest.fixture(scope="module")

@@ -122,6 +122,7 @@ class EnvWorker:
             self._free.put(env)
 
     def node_id(self) -> str:
+        """The Ray node this worker runs on (episodes per node are reported)."""
         import ray
 
         return ray.get_runtime_context().get_node_id()
@@ -188,6 +189,7 @@ class PolicyEngine:
         self.peak = 0  # most requests in the engine at once
 
     def describe(self) -> dict[str, Any]:
+        """The engine's policy name, logprob kind and process id (a new pid means Ray restarted it)."""
         import ray
 
         return {
@@ -198,6 +200,7 @@ class PolicyEngine:
         }
 
     def stats(self) -> dict[str, Any]:
+        """Busy time and process id, for the run's report."""
         busy = self.busy_s + (time.perf_counter() - self._since if self._active else 0.0)
         return {
             "busy_s": busy, "requests": self.requests, "batches": self.batches, "max_batch": self.max_batch,
@@ -211,6 +214,7 @@ class PolicyEngine:
             self._executor.submit(close).result()
 
     async def generate(self, context: list[int], params: SamplingParams) -> Generation:
+        """One request; requests that arrive while the policy is busy are batched into one ``generate`` call."""
         self.requests += 1
         if self._active == 0:
             self._since = time.perf_counter()

@@ -70,10 +70,12 @@ class RolloutStats:
 
     @property
     def mean_reward(self) -> float:
+        """Mean return over the finished episodes (0.0 when none finished)."""
         return self.reward_sum / self.episodes if self.episodes else 0.0
 
     @property
     def tokens_per_s(self) -> float:
+        """Policy tokens generated per second of wall time."""
         return self.policy_tokens / self.wall_s if self.wall_s else 0.0
 
     @property
@@ -82,6 +84,7 @@ class RolloutStats:
         return 1.0 - self.engine_s / self.wall_s if self.wall_s else 0.0
 
     def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready form, for logs and the CLI summary."""
         return {
             "episodes": self.episodes,
             "failed": self.failed,

@@ -152,9 +152,11 @@ class Grade:
 
     @property
     def all_passed(self) -> bool:
+        """True when every hidden test passed."""
         return self.total > 0 and self.passed == self.total
 
     def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready form, as stored in the step's ``info`` and the trajectory metadata."""
         return {**asdict(self), "all_passed": self.all_passed}
 
 

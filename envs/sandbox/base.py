@@ -89,6 +89,7 @@ class ExecResult:
 
     @property
     def ok(self) -> bool:
+        """True when the command exited with code 0 (status ``ok``)."""
         return self.status == "ok"
 
 
@@ -128,7 +129,8 @@ class Sandbox(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """True once :meth:`close` ran; a closed sandbox refuses every call (:class:`SandboxError`)."""
 
     def __enter__(self) -> Sandbox:
         return self

@@ -678,6 +678,7 @@ class DockerSandbox(Sandbox):
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` ran; a closed sandbox refuses every call."""
         return self._closed
 
     @property
@@ -687,6 +688,7 @@ class DockerSandbox(Sandbox):
 
     @property
     def image(self) -> str:
+        """The image the container runs."""
         return self._spec.image
 
     def _check_open(self) -> None:
@@ -1156,6 +1158,7 @@ class DockerPool:
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` ran; a closed pool hands out no sandbox."""
         return self._closed
 
     def close(self) -> None:

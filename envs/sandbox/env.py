@@ -90,6 +90,7 @@ class SandboxToolEnv(ToolEnv):
         return self._sandbox
 
     def new_sandbox(self) -> Sandbox:
+        """The sandbox for a new episode: from ``sandbox_factory`` (e.g. a warm pool) when given, else a new one of the ``sandbox`` backend."""
         if self.sandbox_factory is not None:
             return self.sandbox_factory()
         return make_sandbox(self.sandbox_backend, **self.sandbox_kwargs)

@@ -676,6 +676,7 @@ class LocalSandbox(Sandbox):
     # ------------------------------------------------------------- run
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` ran; a closed sandbox refuses every call."""
         return self._closed
 
     def _check_open(self) -> None:

@@ -11,11 +11,13 @@ cannot keep.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from types import TracebackType
 from typing import Literal
 
-__all__ = ["ExecResult", "Isolation", "Limits", "Sandbox", "SandboxError", "Status"]
+__all__ = ["ExecResult", "Isolation", "Limits", "Sandbox", "SandboxError", "Status", "resolve_limits"]
 
 Status = Literal["ok", "error", "timeout", "killed", "oom", "crashed"]
 """``ok``: exit code 0. ``error``: a non-zero exit. ``timeout``: killed at the wall-clock limit.
@@ -44,6 +46,38 @@ class Limits:
     max_open_files: int = 256
     max_output_bytes: int = 64 * 1024
     """stdout and stderr are each cut to this many bytes (head kept, the rest counted and dropped)."""
+
+
+def resolve_limits(limits: Limits | None, overrides: Mapping[str, object], who: str) -> Limits:
+    """``limits`` (or the defaults) with keyword overrides of its fields, as every backend takes them."""
+    known = {f.name for f in fields(Limits)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"unknown {who} argument(s) {unknown}; Limits fields are {sorted(known)}")
+    return replace(limits or Limits(), **overrides)  # type: ignore[arg-type]
+
+
+OOM_HINTS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory", "Out of memory")
+"""What a process prints when an allocation is refused (before or instead of the OOM killer)."""
+
+
+def oom_message(limits: Limits) -> str:
+    """The message of an ``oom`` result, the same on every backend."""
+    return f"ran out of memory (limit {limits.memory_mb} MB)"
+
+
+def signal_message(sig: int, limits: Limits) -> str:
+    """The message of a ``killed`` result: which limit a signal stands for, the same on every backend."""
+    if sig == signal.SIGXCPU:
+        return f"killed: CPU time limit of {limits.cpu_s} s reached"
+    if sig == signal.SIGXFSZ:
+        return f"killed: file size limit of {limits.max_file_mb} MB reached"
+    if sig == signal.SIGKILL:
+        return "killed by SIGKILL (a resource limit or the kernel)"
+    try:
+        return f"killed by {signal.Signals(sig).name}"
+    except ValueError:
+        return f"killed by signal {sig}"
 
 
 @dataclass(frozen=True)

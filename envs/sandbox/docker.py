@@ -40,7 +40,6 @@ import atexit
 import os
 import posixpath
 import secrets
-import signal
 import socket
 import struct
 import threading
@@ -48,10 +47,10 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from .base import ExecResult, Isolation, Limits, Sandbox, SandboxError, Status
+from .base import OOM_HINTS, ExecResult, Isolation, Limits, Sandbox, SandboxError, Status, oom_message, resolve_limits, signal_message
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -589,10 +588,6 @@ def _exec(
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 """Pools still open (closed at interpreter exit)."""
 
-_OOM_HINTS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory", "Out of memory")
-_SIGNAL_TEXT = {
-    signal.SIGKILL: "SIGKILL (a resource limit or the kernel)",
-}
 
 
 class _Lease:
@@ -653,7 +648,7 @@ class DockerSandbox(Sandbox):
         self._closed = True  # until fully built
         if _spec is None:
             _spec = _Spec(
-                limits=_limits(limits, limit_overrides, "DockerSandbox"),
+                limits=resolve_limits(limits, limit_overrides, "DockerSandbox"),
                 image=image,
                 runtime=runtime,
                 cpus=cpus,
@@ -773,7 +768,7 @@ class DockerSandbox(Sandbox):
             message += "; its processes were killed" if self._kill_all() else "; " + self._replace_container()
         elif raw.oom:
             status = "oom"
-            message = f"ran out of memory (limit {self.limits.memory_mb} MB)"
+            message = oom_message(self.limits)
         elif code is None:
             status = "crashed"
             message = "the command ended without an exit status"
@@ -785,20 +780,11 @@ class DockerSandbox(Sandbox):
         elif 128 < code <= 128 + 64:
             sig = code - 128  # a shell reports a child killed by signal N as 128 + N
             status = "killed"
-            if sig == signal.SIGXCPU:
-                message = f"killed: CPU time limit of {self.limits.cpu_s} s reached"
-            elif sig == signal.SIGXFSZ:
-                message = f"killed: file size limit of {self.limits.max_file_mb} MB reached"
-            else:
-                try:
-                    what = _SIGNAL_TEXT.get(signal.Signals(sig)) or signal.Signals(sig).name
-                except ValueError:
-                    what = f"signal {sig}"
-                message = f"killed by {what}"
-        elif any(h in raw.stderr.tail.decode("utf-8", "replace") for h in _OOM_HINTS):
+            message = signal_message(sig, self.limits)
+        elif any(h in raw.stderr.tail.decode("utf-8", "replace") for h in OOM_HINTS):
             # The allocation was refused (MemoryError, ENOMEM) before the OOM killer had to act.
             status = "oom"
-            message = f"ran out of memory (limit {self.limits.memory_mb} MB)"
+            message = oom_message(self.limits)
         else:
             status = "error"
             message = f"exited with code {code}"
@@ -943,14 +929,6 @@ class DockerSandbox(Sandbox):
         return f"<DockerSandbox {state}: {self.isolation.describe()}>"
 
 
-def _limits(limits: Limits | None, overrides: Mapping[str, Any], who: str) -> Limits:
-    known = {f.name for f in fields(Limits)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise TypeError(f"unknown {who} argument(s) {unknown}; Limits fields are {sorted(known)}")
-    return replace(limits or Limits(), **overrides)
-
-
 # ---------------------------------------------------------------------------------------------------
 # The warm pool
 
@@ -998,7 +976,7 @@ class DockerPool:
         self.recycle = recycle
         self.id = secrets.token_hex(4)
         self._spec = _Spec(
-            limits=_limits(limits, limit_overrides, "DockerPool"),
+            limits=resolve_limits(limits, limit_overrides, "DockerPool"),
             image=image,
             runtime=runtime,
             cpus=cpus,

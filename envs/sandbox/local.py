@@ -49,10 +49,10 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from .base import ExecResult, Isolation, Limits, Sandbox, SandboxError, Status
+from .base import OOM_HINTS, ExecResult, Isolation, Limits, Sandbox, SandboxError, Status, oom_message, resolve_limits, signal_message
 
 __all__ = ["LocalSandbox", "bwrap_status", "find_bwrap"]
 
@@ -77,12 +77,6 @@ _ETC_FILES = (
     "/etc/nsswitch.conf",
     "/etc/mime.types",
 )
-_OOM_HINTS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory", "Out of memory")
-_SIGNAL_TEXT = {
-    signal.SIGXCPU: "the CPU time limit",
-    signal.SIGXFSZ: "the file size limit",
-    signal.SIGKILL: "SIGKILL (a resource limit or the kernel)",
-}
 
 
 # ------------------------------------------------------------------ helpers
@@ -421,11 +415,7 @@ class LocalSandbox(Sandbox):
     ) -> None:
         if isolation not in ("auto", "bwrap", "none"):
             raise ValueError(f'isolation must be "auto", "bwrap" or "none", got {isolation!r}')
-        known = {f.name for f in fields(Limits)}
-        unknown = sorted(set(limit_overrides) - known)
-        if unknown:
-            raise TypeError(f"unknown LocalSandbox argument(s) {unknown}; Limits fields are {sorted(known)}")
-        self.limits = replace(limits or Limits(), **limit_overrides)
+        self.limits = resolve_limits(limits, limit_overrides, "LocalSandbox")
         self._closed = True  # until fully built
         self._lock = threading.Lock()
         self._calls: set[_Call] = set()
@@ -904,18 +894,12 @@ class LocalSandbox(Sandbox):
             message = f"the sandbox failed to start: {stderr.strip().splitlines()[0]}"
         elif rc == 0:
             status, code, message = "ok", 0, ""
-        elif any(h in stderr[-2048:] for h in _OOM_HINTS) and sig in (None, signal.SIGKILL, signal.SIGABRT, signal.SIGSEGV):
+        elif any(h in stderr[-2048:] for h in OOM_HINTS) and sig in (None, signal.SIGKILL, signal.SIGABRT, signal.SIGSEGV):
             status, code = "oom", rc
-            message = f"ran out of memory (limit {self.limits.memory_mb} MB)"
+            message = oom_message(self.limits)
         elif sig is not None:
             status, code = "killed", rc
-            what = _SIGNAL_TEXT.get(sig)
-            if sig == signal.SIGXCPU:
-                message = f"killed: CPU time limit of {self.limits.cpu_s} s reached"
-            elif sig == signal.SIGXFSZ:
-                message = f"killed: file size limit of {self.limits.max_file_mb} MB reached"
-            else:
-                message = f"killed by {what or _signame(sig)}"
+            message = signal_message(sig, self.limits)
         else:
             status, code = "error", rc
             message = f"exited with code {rc}"
@@ -1083,8 +1067,3 @@ class LocalSandbox(Sandbox):
 _SIGNAL_NUMBERS = {int(s) for s in signal.Signals}
 
 
-def _signame(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"

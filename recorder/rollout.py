@@ -311,14 +311,18 @@ def rollout(
 
 
 def _params(base: SamplingParams, slot: _Slot, seed: int) -> SamplingParams:
-    env = slot.env.unwrapped
-    stop_ids = tuple(dict.fromkeys([*base.stop_token_ids, *getattr(env, "stop_token_ids", ())]))
-    stop_strings = tuple(dict.fromkeys([*base.stop_strings, *getattr(env, "stop_strings", ())]))
+    seed = seed if base.seed is None else base.seed
+    return turn_params(base, slot.env.unwrapped, slot.remaining, turn_seed(seed, slot.episode, slot.turn))
+
+
+def turn_params(base: SamplingParams, env: Any, remaining: int, seed: int) -> SamplingParams:
+    """One turn's sampling settings: ``base`` with the env's stop tokens and strings added, the
+    token budget cut to the context left, and the turn's own seed."""
     return base.replace(
-        max_tokens=max(1, min(base.max_tokens, slot.remaining)),
-        seed=turn_seed(seed, slot.episode, slot.turn) if base.seed is None else turn_seed(base.seed, slot.episode, slot.turn),
-        stop_token_ids=stop_ids,
-        stop_strings=stop_strings,
+        max_tokens=max(1, min(base.max_tokens, remaining)),
+        seed=seed,
+        stop_token_ids=tuple(dict.fromkeys([*base.stop_token_ids, *getattr(env, "stop_token_ids", ())])),
+        stop_strings=tuple(dict.fromkeys([*base.stop_strings, *getattr(env, "stop_strings", ())])),
     )
 
 

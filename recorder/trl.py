@@ -53,6 +53,7 @@ import numpy as np
 from tokengym.policies import Policy, SamplingParams
 
 from .batches import to_trl
+from .rollout import turn_params
 from .trajectory import Trajectory
 from .wrapper import RecordEpisodes
 
@@ -254,20 +255,13 @@ class TRLRollout:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tokengym-trl")
         while live:
-            params = []
-            for i in live:
-                core = envs[i].unwrapped
-                stops = tuple(dict.fromkeys([*base.stop_token_ids, *getattr(core, "stop_token_ids", ())]))
-                strings = tuple(dict.fromkeys([*base.stop_strings, *getattr(core, "stop_strings", ())]))
-                turn_seed = int(np.random.SeedSequence([*seed, call, i, turn[i]]).generate_state(1, dtype=np.uint32)[0])
-                params.append(
-                    base.replace(
-                        max_tokens=max(1, min(base.max_tokens, remaining[i])),
-                        seed=turn_seed,
-                        stop_token_ids=stops,
-                        stop_strings=strings,
-                    )
+            params = [
+                turn_params(
+                    base, envs[i].unwrapped, remaining[i],
+                    int(np.random.SeedSequence([*seed, call, i, turn[i]]).generate_state(1, dtype=np.uint32)[0]),
                 )
+                for i in live
+            ]
             gens = policy.generate([stream[i] for i in live], params)
 
             def step(i: int, gen: Any) -> Any:

@@ -326,7 +326,7 @@ def test_hostile_tool_calls_get_a_clear_message_and_the_episode_goes_on(qwen3, i
         [
             templated(
                 "",
-                call("run_shell", command="bomb() { bomb | bomb & }; bomb; sleep 5"),
+                call("run_shell", command="bomb() { bomb | bomb & }; bomb; while :; do :; done"),  # the wait needs no fork
                 call("run_python", code="a = []\nwhile True:\n    a.append(bytearray(32 * 1024 * 1024))"),
                 call("run_python", code="while True:\n    pass"),
             ),

@@ -6,21 +6,31 @@ the model produced, and compares it with the stream's text. Known template behav
 (Qwen3 dropping ``<think>`` from turns before the last user message, adding an empty think
 block to a final turn) are recognised by reproducing them on the stream and are reported
 as such; anything else is reported with the turn, the segment and the differing tokens.
+
+A template that is not prefix-stable (its render of a conversation is not the start of its
+render of the same conversation plus more messages) cannot equal a growing stream. Its
+causes are named, not raised: reasoning dropped from earlier turns (Qwen3, DeepSeek R1),
+the system prompt or tools moved to the last user message (Mistral), whitespace trimmed or
+added around a control token (templates that ``| trim`` content). A template that raises
+while rendering the whole conversation is a reported mismatch carrying the template's own
+message in ``warn`` mode, so the check never breaks ``step``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
-from .render import ChatRenderer, Message
+from .render import ChatRenderer, Message, TemplateError
 
 __all__ = [
     "Conformance",
     "ConformanceError",
     "ConformanceMode",
+    "CAUSES",
     "KnownBehaviour",
     "Piece",
     "check_conformance",
@@ -41,6 +51,22 @@ class KnownBehaviour(str, Enum):
     """The template adds an empty ``<think></think>`` block to a final assistant turn without one."""
     THINK_RESPACED = "think_respaced"
     """The template rewrites the line breaks around a kept ``<think>`` block and its content."""
+    SYSTEM_MOVED = "system_moved"
+    """The template renders the system prompt or the tools with the last user message, so they
+    move each time a user message is added (Mistral)."""
+    WHITESPACE_AROUND_CONTROL_TOKEN = "whitespace_around_control_token"
+    """The template strips or adds whitespace next to a control token (``| trim`` on content)."""
+
+
+CAUSES: dict[str, str] = {
+    KnownBehaviour.REASONING_DROPPED.value: "reasoning is dropped from earlier assistant turns",
+    KnownBehaviour.EMPTY_THINK_DROPPED.value: "empty think blocks are dropped from earlier assistant turns",
+    KnownBehaviour.EMPTY_THINK_ADDED.value: "an empty think block is added to a final assistant turn",
+    KnownBehaviour.THINK_RESPACED.value: "line breaks around a kept think block are rewritten",
+    KnownBehaviour.SYSTEM_MOVED.value: "the system prompt or the tools move to the last user message",
+    KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN.value: "whitespace next to a control token is stripped or added",
+}
+"""Why a template is not prefix-stable, in words, per :class:`KnownBehaviour` value."""
 
 
 @dataclass(frozen=True)
@@ -173,10 +199,76 @@ def _known_variants(
             behaviours.add(KnownBehaviour.EMPTY_THINK_ADDED)
         else:
             behaviours.add(KnownBehaviour.THINK_RESPACED)
-    if not behaviours:
-        return []
-    ordered = tuple(b for b in KnownBehaviour if b in behaviours)
-    return [(ordered, tuple(sorted(turns)), texts)]
+    out = []
+    if behaviours:
+        ordered = tuple(b for b in KnownBehaviour if b in behaviours)
+        out.append((ordered, tuple(sorted(turns)), texts))
+    out.extend(_dropped_everywhere(pieces, final))
+    return out
+
+
+def _dropped_everywhere(
+    pieces: Sequence[Piece], final: bool
+) -> list[tuple[tuple[KnownBehaviour, ...], tuple[int, ...], list[str]]]:
+    """The stream as a DeepSeek-R1-style template writes it: every assistant turn in the history
+    keeps only the text after its last ``</think>`` (the final turn too, when it is history)."""
+    last_action = max((i for i, p in enumerate(pieces) if p.kind == "action"), default=-1)
+    variants = []
+    for strip in (False, True):
+        texts = [p.text for p in pieces]
+        turns = set()
+        for i, p in enumerate(pieces):
+            if p.kind != "action" or "</think>" not in p.text or (i == last_action and final):
+                continue
+            rest = p.text.split("</think>")[-1]
+            texts[i] = rest.lstrip() if strip else rest
+            turns.add(p.turn)
+        if turns:
+            variants.append(((KnownBehaviour.REASONING_DROPPED,), tuple(sorted(turns)), texts))
+    return variants
+
+
+def _squeeze(text: str, controls: Any) -> str:
+    """``text`` without the whitespace next to control tokens (and at its ends)."""
+    if controls is None:
+        return text.strip()
+    return controls.sub(lambda m: m.group(1), text).strip()
+
+
+def _moved_opening(messages: Sequence[Message], tools: Sequence[Any] | None, expected: str, actual: str) -> str | None:
+    """The system prompt or a tool's description, when the stream has it before the first user
+    message and the whole render only after it (the template moves it to the last user message)."""
+    first_user = next((m for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)), None)
+    if first_user is None or not first_user["content"].strip():
+        return None
+    probes = [m["content"] for m in messages[:1] if m.get("role") == "system" and isinstance(m.get("content"), str) and m["content"].strip()]
+    for tool in tools or ():
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("description"), str) and fn["description"].strip():
+            probes.append(fn["description"])
+    user_at, stream_user_at = expected.find(first_user["content"]), actual.find(first_user["content"])
+    if user_at < 0 or stream_user_at < 0:
+        return None
+    for probe in probes:
+        if 0 <= actual.find(probe) < stream_user_at and expected.find(probe) > user_at:
+            return probe
+    return None
+
+
+def _known(
+    turn: int, behaviours: Sequence[KnownBehaviour], turns: tuple[int, ...], notes: tuple[str, ...]
+) -> Conformance:
+    names = tuple(b.value for b in behaviours)
+    causes = "; ".join(CAUSES[n] for n in names)
+    return Conformance(
+        turn=turn,
+        status="known",
+        behaviours=names,
+        affected_turns=turns,
+        detail=f"known template behaviour {', '.join(names)} on turn(s) {list(turns)} ({causes}): the template "
+        "is not prefix-stable here; the stream keeps the tokens the policy saw",
+        notes=notes,
+    )
 
 
 def _locate(pieces: Sequence[Piece], char: int, decode: Callable[[Sequence[int]], str]) -> tuple[int, int, int]:
@@ -210,23 +302,33 @@ def check_conformance(
     ``final=False`` the stream ends with a generation prompt; with ``final=True`` it ends with
     the last action.
     """
-    expected = renderer.render_text(messages, tools, add_generation_prompt=not final)
-    actual = "".join(p.text for p in pieces)
     notes = _notes(renderer, pieces, turn)
+    try:
+        expected = renderer.render_text(messages, tools, add_generation_prompt=not final)
+    except TemplateError as err:
+        return Conformance(
+            turn=turn,
+            status="mismatch",
+            detail=f"turn {turn}: the chat template raised while rendering the whole conversation: {err}",
+            affected_turns=(turn,),
+            notes=notes,
+        )
+    actual = "".join(p.text for p in pieces)
     if _matches(actual, expected, final, renderer.turn_end_text):
         return Conformance(turn=turn, status="ok", notes=notes)
     for behaviours, turns, texts in _known_variants(pieces, final):
         if _matches("".join(texts), expected, final, renderer.turn_end_text):
-            names = tuple(b.value for b in behaviours)
-            return Conformance(
-                turn=turn,
-                status="known",
-                behaviours=names,
-                affected_turns=turns,
-                detail=f"known template behaviour {', '.join(names)} on turn(s) {list(turns)}; "
-                "the stream keeps the tokens the policy saw",
-                notes=notes,
-            )
+            return _known(turn, behaviours, turns, notes)
+    controls = renderer.control_pattern
+    if _matches(_squeeze(actual, controls), _squeeze(expected, controls), final, renderer.turn_end_text):
+        turns = tuple(sorted({p.turn for p in pieces if p.kind == "action" and p.text != _squeeze(p.text, controls)} or {turn}))
+        return _known(turn, (KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN,), turns, notes)
+    moved = _moved_opening(messages, tools, expected, actual)
+    if moved is not None:
+        conf = _known(turn, (KnownBehaviour.SYSTEM_MOVED,), (turn,), notes)
+        return Conformance(
+            **{**conf.__dict__, "detail": conf.detail + f" (the whole render places {moved[:40]!r} after the first user message)"}
+        )
     char = next((i for i, (a, b) in enumerate(zip(actual, expected)) if a != b), min(len(actual), len(expected)))
     index, position, in_piece = _locate(pieces, char, renderer.decode)
     piece = pieces[index]

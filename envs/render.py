@@ -13,12 +13,23 @@ So :class:`ChatRenderer` renders only what is new:
   the template takes the same branch as in the real conversation. Its cost depends on
   the size of the new messages only.
 
+The cut never looks for the assistant's content: many templates (Llama 3.x, Gemma,
+Mistral, DeepSeek) print only the calls of a message that has tool calls. The assistant's
+turn starts where the generation prompt of ``[user]`` ends and closes at its first
+end-of-turn token after that. When appending the new messages rewrites the text before
+the assistant turn (Mistral moves the tools and the system prompt to the last user
+message), the turn is found by counting end-of-turn tokens instead, and the observation
+says so (:attr:`Rendered.rewrites_history`). What a template cannot do at all (render a
+tool result, close a turn with tool calls) is probed once at construction and reported
+by :meth:`ChatRenderer.require`, naming the construct, before any episode starts.
+
 Special-token text inside message content (``"<|im_end|>"`` in a tool result) is
 tokenized as plain text, never as a control token.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -27,13 +38,29 @@ from typing import Any
 
 from .tokenizers import load_tokenizer
 
-__all__ = ["ChatRenderer", "Message", "Rendered", "TemplateError"]
+__all__ = ["CONSTRUCTS", "ChatRenderer", "Message", "Rendered", "TemplateError"]
 
 Message = dict[str, Any]
 
 SENTINEL_USER = "tokengym-user-7f3a"
 SENTINEL_ASSISTANT = "tokengym-assistant-7f3a"
+SENTINEL_TOOL = "tokengym-tool-7f3a"
+SENTINEL_FOLLOWUP = "tokengym-followup-7f3a"
 _PROTECTED_FIELDS = ("content", "reasoning_content")
+PROBE_CALL_ID = "tgprobe01"  # nine alphanumerics: Mistral's templates refuse any other id
+PROBE_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "tokengym_probe",
+        "description": "A probe tool.",
+        "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+    },
+}
+CONSTRUCTS: dict[str, str] = {
+    "tool_results": "tool results after an assistant turn with tool calls",
+    "user_followup": "a user message after an assistant turn",
+}
+"""What :meth:`ChatRenderer.require` can check, and how an error names it."""
 
 
 def _without_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,6 +70,45 @@ def _without_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
     elif "arguments" in out:
         out["arguments"] = {}
     return out
+
+
+def _has_object_arguments(messages: Sequence[Message]) -> bool:
+    return any(
+        not isinstance((c.get("function") if isinstance(c.get("function"), Mapping) else c).get("arguments", ""), str)
+        for m in messages
+        for c in (m.get("tool_calls") or ())
+        if isinstance(c, Mapping)
+    )
+
+
+def _string_arguments(messages: Sequence[Message]) -> list[Message]:
+    """The messages with tool-call arguments as JSON text (templates such as DeepSeek V3's
+    concatenate the arguments as a string and fail on an object)."""
+    out: list[Message] = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if not calls:
+            out.append(m)
+            continue
+        new_calls = []
+        for c in calls:
+            if isinstance(c, Mapping) and isinstance(c.get("function"), Mapping):
+                fn = c["function"]
+                if not isinstance(fn.get("arguments", ""), str):
+                    c = {**c, "function": {**fn, "arguments": json.dumps(fn.get("arguments"), ensure_ascii=False)}}
+            elif isinstance(c, Mapping) and not isinstance(c.get("arguments", ""), str):
+                c = {**c, "arguments": json.dumps(c.get("arguments"), ensure_ascii=False)}
+            new_calls.append(c)
+        out.append({**m, "tool_calls": new_calls})
+    return out
+
+
+def _tools_key(tools: Sequence[Any] | None) -> str:
+    return json.dumps(list(tools), sort_keys=True, default=str) if tools else ""
+
+
+def _first_difference(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 class TemplateError(ValueError):
@@ -55,6 +121,9 @@ class Rendered:
 
     text: str
     ids: list[int]
+    rewrites_history: str | None = None
+    """Set on an observation when appending the new messages changed the template's text
+    *before* the assistant turn (the template is not prefix-stable there): what changed."""
 
 
 class ChatRenderer:
@@ -98,6 +167,17 @@ class ChatRenderer:
             {str(tok.convert_ids_to_tokens(i)) for i in self.special_ids}, key=len, reverse=True
         )
         self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
+        controls = [t for t in specials if t.strip()]
+        #: A control token with the whitespace around it (group 1: the token), for comparing
+        #: texts up to whitespace that templates strip or add there.
+        self.control_pattern: re.Pattern[str] | None = (
+            re.compile(r"\s*(" + "|".join(map(re.escape, controls)) + r")\s*") if controls else None
+        )
+        #: True when the template needs tool-call arguments as JSON text, not as an object
+        #: (found on the first render that fails with objects and works with text).
+        self.string_arguments = False
+        self._histories: dict[str, str] = {}
+        self._capabilities: dict[str, str | None] = {}
         self._probe()
 
     # ------------------------------------------------------------------ probing
@@ -171,20 +251,30 @@ class ChatRenderer:
         self, messages: Sequence[Message], tools: Sequence[Any] | None = None, *, add_generation_prompt: bool
     ) -> str:
         """The template's text for a conversation (no tokenizing)."""
+        msgs = _string_arguments(messages) if self.string_arguments else list(messages)
         try:
-            text = self.tokenizer.apply_chat_template(
-                list(messages),
-                tools=list(tools) if tools else None,
-                chat_template=self.chat_template,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                **self.template_kwargs,
-            )
+            text = self._apply(msgs, tools, add_generation_prompt)
         except Exception as err:  # jinja raises many types; the template's own message is what helps
-            raise TemplateError(f"the chat template failed to render: {err}") from err
+            if self.string_arguments or not _has_object_arguments(msgs):
+                raise TemplateError(f"the chat template failed to render: {err}") from err
+            try:
+                text = self._apply(_string_arguments(msgs), tools, add_generation_prompt)
+            except Exception:
+                raise TemplateError(f"the chat template failed to render: {err}") from err
+            self.string_arguments = True
         if not isinstance(text, str):
             raise TemplateError(f"apply_chat_template returned {type(text).__name__}, expected text")
         return text
+
+    def _apply(self, messages: list[Message], tools: Sequence[Any] | None, add_generation_prompt: bool) -> Any:
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=list(tools) if tools else None,
+            chat_template=self.chat_template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
+        )
 
     def _protect(self, messages: Sequence[Message]) -> tuple[list[Message], list[str]]:
         """Swap message text that contains special-token strings for placeholders."""
@@ -212,14 +302,14 @@ class ChatRenderer:
         tools: Sequence[Any] | None,
         *,
         add_generation_prompt: bool,
-        cut: Callable[[str], tuple[int, int]] | None = None,
+        cut: Callable[[str], tuple[int, int, str | None]] | None = None,
     ) -> Rendered:
         protected, subs = self._protect(messages)
         text = self.render_text(protected, tools, add_generation_prompt=add_generation_prompt)
-        start, end = cut(text) if cut else (0, len(text))
+        start, end, note = cut(text) if cut else (0, len(text), None)
         piece = text[start:end]
         if not subs:
-            return Rendered(piece, self.encode(piece))
+            return Rendered(piece, self.encode(piece), note)
         ids: list[int] = []
         texts: list[str] = []
         # A template may drop protected text (Qwen2.5 never renders reasoning_content) or repeat it.
@@ -231,7 +321,7 @@ class ChatRenderer:
             elif part:
                 ids += self.encode(part)
                 texts.append(part)
-        return Rendered("".join(texts), ids)
+        return Rendered("".join(texts), ids, note)
 
     def prompt(self, messages: Sequence[Message], tools: Sequence[Any] | None = None) -> Rendered:
         """Token ids of a whole conversation followed by the generation prompt."""
@@ -239,26 +329,53 @@ class ChatRenderer:
             raise ValueError("a prompt needs at least one message")
         return self._render_ids(messages, tools, add_generation_prompt=True)
 
-    def _after_assistant(self, text: str) -> tuple[int, int]:
-        at = text.find(SENTINEL_ASSISTANT)
-        if at < 0:
-            raise TemplateError(
-                "the chat template dropped the assistant message while rendering the new messages; "
-                "cannot compute the observation tokens (Llama-3.1-style templates drop the content of "
-                "a message with tool calls: use ToolEnv(..., template_tool_calls=False), or pass "
-                "chat_template=tokengym.envs.templates.CHATML_TOOLS)"
-            )
-        start = at + len(SENTINEL_ASSISTANT)
-        if self.turn_end_text:
-            end_at = text.find(self.turn_end_text, start)
-            if end_at < 0:
+    def _history(self, tools: Sequence[Any] | None) -> str:
+        """The text before the bridge's assistant turn: ``[user]`` without the generation prompt."""
+        key = _tools_key(tools)
+        text = self._histories.get(key)
+        if text is None:
+            text = self.render_text([{"role": "user", "content": SENTINEL_USER}], tools, add_generation_prompt=False)
+            if len(self._histories) >= 64:
+                self._histories.clear()
+            self._histories[key] = text
+        return text
+
+    def _after_assistant(self, text: str, history: str) -> tuple[int, int, str | None]:
+        """Where the bridge starts in ``text`` (``[user, assistant] + new``): right after the
+        assistant's end-of-turn. The assistant's content is never looked for."""
+        end_text = self.turn_end_text
+        if not end_text:  # no end-of-turn token to count: the content must be there
+            at = text.find(SENTINEL_ASSISTANT)
+            if at < 0:
                 raise TemplateError(
-                    f"the template did not close the assistant turn with {self.turn_end_text!r}; "
-                    "pass a chat_template that ends every assistant turn the same way "
-                    "(e.g. tokengym.envs.templates.CHATML_TOOLS)"
+                    "the chat template has no end-of-turn token and dropped the assistant's content while "
+                    "rendering the new messages, so the observation cannot be cut: pass a chat_template "
+                    "that closes turns with a special token (e.g. tokengym.envs.templates.CHATML_TOOLS)"
                 )
-            start = end_at + len(self.turn_end_text)
-        return start, len(text)
+            return at + len(SENTINEL_ASSISTANT), len(text), None
+        note = None
+        if text.startswith(history):
+            end_at = text.find(end_text, len(history))
+        else:
+            # The new messages changed the text before the assistant turn: find the turn by the
+            # number of end-of-turn tokens before it, which such rewrites keep.
+            at = _first_difference(history, text)
+            note = (
+                f"appending the new messages changes the template's text before the assistant turn at "
+                f"character {at}: {history[at : at + 40]!r} becomes {text[at : at + 40]!r}"
+            )
+            end_at = -1
+            for _ in range(history.count(end_text) + 1):
+                end_at = text.find(end_text, end_at + 1)
+                if end_at < 0:
+                    break
+        if end_at < 0:
+            raise TemplateError(
+                f"the template did not close the assistant turn with {end_text!r} (the end-of-turn token "
+                "of a plain assistant message) when rendering the new messages; pass a chat_template that "
+                "ends every assistant turn the same way (e.g. tokengym.envs.templates.CHATML_TOOLS)"
+            )
+        return end_at + len(end_text), len(text), note
 
     def observation(
         self,
@@ -282,12 +399,63 @@ class ChatRenderer:
             # rendered before the cut, and text in them must not look like an end of turn.
             assistant["tool_calls"] = [_without_arguments(c) for c in assistant_tool_calls]
         base = [{"role": "user", "content": SENTINEL_USER}, assistant]
+        history = self._history(tools)
         bridge = self._render_ids(
-            [*base, *new_messages], tools, add_generation_prompt=add_generation_prompt, cut=self._after_assistant
+            [*base, *new_messages],
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            cut=lambda text: self._after_assistant(text, history),
         )
         if closed:
             return bridge
-        return Rendered(self.turn_end_text + bridge.text, [*self.turn_end_ids, *bridge.ids])
+        return Rendered(
+            self.turn_end_text + bridge.text, [*self.turn_end_ids, *bridge.ids], bridge.rewrites_history
+        )
+
+    # ------------------------------------------------------------ capabilities
+    def capability(self, construct: str) -> str | None:
+        """``None`` when the template renders ``construct`` (a key of :data:`CONSTRUCTS`) so that
+        an observation can be cut from it; otherwise why not, in a sentence that names it.
+        Probed once per renderer with a probe tool and a probe call."""
+        if construct not in CONSTRUCTS:
+            raise KeyError(f"unknown construct {construct!r}; known: {sorted(CONSTRUCTS)}")
+        if construct not in self._capabilities:
+            self._capabilities[construct] = self._probe_construct(construct)
+        return self._capabilities[construct]
+
+    def require(self, construct: str) -> None:
+        """Raise :class:`TemplateError` now, naming the construct, when the template cannot give
+        the observation for it (environments call this at construction, not mid-episode)."""
+        reason = self.capability(construct)
+        if reason is not None:
+            raise TemplateError(
+                f"this chat template cannot be used for {CONSTRUCTS[construct]}: {reason}. Pass a "
+                "chat_template that renders them (for tools, e.g. tokengym.envs.templates.CHATML_TOOLS)"
+            )
+
+    def _probe_construct(self, construct: str) -> str | None:
+        if construct == "tool_results":
+            sentinel = SENTINEL_TOOL
+            new = [{"role": "tool", "content": sentinel, "tool_call_id": PROBE_CALL_ID, "name": "tokengym_probe"}]
+            call = {"id": PROBE_CALL_ID, "type": "function", "function": {"name": "tokengym_probe", "arguments": {"x": 1}}}
+            kwargs: dict[str, Any] = {"assistant_tool_calls": [call]}
+            tools: list[Any] | None = [PROBE_TOOL]
+        else:
+            sentinel = SENTINEL_FOLLOWUP
+            new = [{"role": "user", "content": sentinel}]
+            kwargs, tools = {}, None
+        try:
+            obs = self.observation(new, tools, **kwargs)
+        except TemplateError as err:
+            return str(err)
+        if sentinel not in obs.text:
+            return (
+                "the message's content is missing from the observation cut after the assistant turn "
+                f"({obs.text[:80]!r}...): the template drops it or does not close the assistant turn "
+                f"with {self.turn_end_text!r}"
+            )
+        return None
+
 
     def assistant(self, message: Message, tools: Sequence[Any] | None = None) -> Rendered:
         """The tokens a model produces for ``message`` after the generation prompt, end-of-turn included.

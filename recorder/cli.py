@@ -92,12 +92,27 @@ def cmd_check_template(args: argparse.Namespace) -> int:
         f"\n{len(traj) if traj is not None else 0} tokens, {len(rows)} turns: {summary.get('ok', 0)} ok, "
         f"{summary.get('known', 0)} known template behaviour, {summary.get('mismatch', 0)} mismatch"
     )
+    if summary.get("mismatch", 0):
+        print("mismatch: the stream differs from the template in a way tokengym cannot name (see the table)")
+        return CHECK_MISMATCH
     if summary.get("behaviours"):
+        from tokengym.envs.conformance import CAUSES
+
+        turns = [r["turn"] for r in rows if r["conformance"].status == "known"]
         print(
-            "known behaviours are reported, not errors: the stream keeps the tokens the policy saw "
-            f"({', '.join(summary['behaviours'])})"
+            f"not prefix-stable on turn(s) {turns}: every difference is a named template behaviour, and the "
+            "stream keeps the tokens the policy saw:"
         )
-    return 1 if summary.get("mismatch", 0) else 0
+        for name in summary["behaviours"]:
+            print(f"  {name}: {CAUSES.get(name, name)}")
+        return CHECK_NOT_PREFIX_STABLE
+    return 0
+
+
+CHECK_NOT_PREFIX_STABLE = 1
+"""``check-template`` exit code: every difference is a named template behaviour."""
+CHECK_MISMATCH = 3
+"""``check-template`` exit code: a difference tokengym cannot name."""
 
 
 def cmd_fetch_tokenizers(args: argparse.Namespace) -> int:
@@ -342,7 +357,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokengym", description="Token-in/token-out gymnasium environments for LLM agents.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("check-template", help="replay a transcript and check the chat template turn by turn")
+    c = sub.add_parser(
+        "check-template",
+        help="replay a transcript and check the chat template turn by turn",
+        description="Replay a transcript token by token and compare the stream with the template's render of the "
+        "whole conversation after every turn.",
+        epilog="exit codes: 0 every turn equals the template's render; 1 the template is not prefix-stable and every "
+        "difference is named (turn and cause); 2 the transcript or template cannot be used (the error says why); "
+        "3 a difference tokengym cannot name",
+    )
     c.add_argument("tokenizer", help="local folder, pinned name (qwen3, qwen2.5) or hub name")
     c.add_argument("--conversation", required=True, help="JSON: a message list or {'messages': [...], 'tools': [...]}")
     c.add_argument("--tools", help="JSON file with the tool schemas (overrides the conversation's)")

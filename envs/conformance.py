@@ -354,13 +354,19 @@ def check_conformance(
 
 
 def _notes(renderer: ChatRenderer, pieces: Sequence[Piece], turn: int) -> tuple[str, ...]:
-    """Facts worth knowing that are not template differences (about this turn's action)."""
+    """Facts worth knowing that are not template differences (about this turn's pieces)."""
     out = []
-    for p in pieces[-2:]:
-        if p.kind == "action" and p.turn == turn and p.ids:
-            if renderer.encode(p.text) != list(p.ids):
-                out.append(
-                    "non_canonical_action: re-tokenizing the action's text gives other tokens "
-                    "(a messages-in loop would train on tokens the policy never produced)"
-                )
+    for p in pieces[-2:] if turn else pieces[:3]:
+        if p.turn != turn or not p.ids:
+            continue
+        if p.kind == "action" and renderer.encode(p.text) != list(p.ids):
+            out.append(
+                "non_canonical_action: re-tokenizing the action's text gives other tokens "
+                "(a messages-in loop would train on tokens the policy never produced)"
+            )
+        elif p.kind != "action" and renderer.has_special_text(p.text) and renderer.encode(p.text) != list(p.ids):
+            out.append(
+                f"env_text_as_text: the {p.kind} holds text of added tokens in messages from the environment, "
+                "tokenized as text (a plain render would make it control tokens the environment could forge)"
+            )
     return tuple(out)

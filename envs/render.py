@@ -23,8 +23,10 @@ says so (:attr:`Rendered.rewrites_history`). What a template cannot do at all (r
 tool result, close a turn with tool calls) is probed once at construction and reported
 by :meth:`ChatRenderer.require`, naming the construct, before any episode starts.
 
-Special-token text inside message content (``"<|im_end|>"`` in a tool result) is
-tokenized as plain text, never as a control token.
+Text from the environment (tool results, user turns, files, transcripts) is tokenized as
+plain text for every added token of the tokenizer, special or not: ``"<|im_end|>"`` or
+``"<tool_call>"`` printed by a tool stays text and can never forge a control token. Only the
+template's own text becomes control tokens.
 """
 
 from __future__ import annotations
@@ -107,6 +109,27 @@ def _tools_key(tools: Sequence[Any] | None) -> str:
     return json.dumps(list(tools), sort_keys=True, default=str) if tools else ""
 
 
+def _alternation(strings: Sequence[str]) -> str:
+    """A regex matching any of ``strings``, built as a trie so that a tokenizer with thousands
+    of added tokens (Gemma's) costs one character test per position, not one per token."""
+    trie: dict[str, Any] = {}
+    for text in strings:
+        node = trie
+        for ch in text:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict[str, Any]) -> str:
+        ends = "" in node
+        branches = [re.escape(ch) + build(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 and not ends else "(?:" + "|".join(branches) + ")"
+        return body + "?" if ends else body
+
+    return build(trie)
+
+
 def _first_difference(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -156,6 +179,7 @@ class ChatRenderer:
         self.name: str = str(getattr(tok, "name_or_path", "") or type(tok).__name__)
         self._backend = getattr(tok, "backend_tokenizer", None)
         self._plain_backend: Any = None
+        self._action_backend: Any = None
         # Placeholders for protected text carry a random marker no message can anticipate.
         marker = secrets.token_hex(6)
         self._placeholder = "\ue000" + marker + "-{}\ue001"
@@ -166,7 +190,12 @@ class ChatRenderer:
         specials = sorted(
             {str(tok.convert_ids_to_tokens(i)) for i in self.special_ids}, key=len, reverse=True
         )
-        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
+        self._special_re = re.compile(_alternation(specials)) if specials else None
+        #: Every added token (special or not: Qwen's ``<tool_call>``, ``<think>``): text from the
+        #: environment never becomes one of these.
+        self.added_ids: frozenset[int] = self.special_ids | frozenset(getattr(tok, "added_tokens_decoder", {}))
+        added = [t for t in {str(tok.convert_ids_to_tokens(i)) for i in self.added_ids} if t]
+        self._added_re = re.compile(_alternation(added)) if added else None
         controls = [t for t in specials if t.strip()]
         #: A control token with the whitespace around it (group 1: the token), for comparing
         #: texts up to whitespace that templates strip or add there.
@@ -224,27 +253,47 @@ class ChatRenderer:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def encode_plain(self, text: str) -> list[int]:
-        """Tokenize message text: special-token strings stay text."""
+        """Tokenize environment text: the text of every added token (special or not) stays text."""
         if not self.has_special_text(text):
             return self.encode(text)
+        if self._plain_backend is None:
+            self._plain_backend = self._literal_backend(every_added=True)
+        return list(self._plain_backend.encode(text, add_special_tokens=False).ids)
+
+    def encode_action_text(self, text: str) -> list[int]:
+        """Tokenize text a model writes: control-token text stays text, while other added tokens
+        (``<tool_call>``, ``<think>``) are the single tokens a model emits for them."""
+        if not (self._special_re and self._special_re.search(text)):
+            return self.encode(text)
+        if self._action_backend is None:
+            self._action_backend = self._literal_backend(every_added=False)
+        return list(self._action_backend.encode(text, add_special_tokens=False).ids)
+
+    def _literal_backend(self, *, every_added: bool) -> Any:
+        """A private copy of the tokenizer that never matches special tokens (and, with
+        ``every_added``, no added token at all): the shared tokenizer is never mutated."""
         if self._backend is None:
             raise TemplateError("tokenizing special-token text as text needs a fast (tokenizers) tokenizer")
-        if self._plain_backend is None:
-            # A private copy with special-token matching off: the shared tokenizer is never mutated.
-            from tokenizers import Tokenizer
+        from tokenizers import Tokenizer
 
-            plain = Tokenizer.from_str(self._backend.to_str())
-            plain.encode_special_tokens = True
-            self._plain_backend = plain
-        return list(self._plain_backend.encode(text, add_special_tokens=False).ids)
+        spec = self._backend.to_str()
+        if every_added:
+            data = json.loads(spec)
+            for token in data.get("added_tokens") or ():
+                token["special"] = True
+            spec = json.dumps(data)
+        backend = Tokenizer.from_str(spec)
+        backend.encode_special_tokens = True
+        return backend
 
     def decode(self, ids: Sequence[int]) -> str:
         """Decode ids exactly: special tokens kept, no clean-up of spaces."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def has_special_text(self, text: str) -> bool:
-        """True when ``text`` contains the text of a special token (it is then tokenized as plain text, never as the control token)."""
-        return bool(self._special_re and self._special_re.search(text))
+        """True when ``text`` contains the text of an added token, special or not (environment
+        text is then tokenized as plain text, never as that token)."""
+        return bool(self._added_re and self._added_re.search(text))
 
     # -------------------------------------------------------------- rendering
     def render_text(
@@ -491,5 +540,8 @@ class ChatRenderer:
                     "assistant turn with the same end-of-turn token (e.g. tokengym.envs.templates.CHATML_TOOLS)"
                 )
             end = found
-        # Everything the model writes is text; only the closing end-of-turn is a control token.
-        return Rendered(text[start:end] + self.turn_end_text, self.encode_plain(text[start:end]) + list(self.turn_end_ids))
+        # What the model writes: control-token text stays text (only the closing end-of-turn is
+        # one); other added tokens (<tool_call>, <think>) are the tokens a model emits for them.
+        return Rendered(
+            text[start:end] + self.turn_end_text, self.encode_action_text(text[start:end]) + list(self.turn_end_ids)
+        )

@@ -249,7 +249,7 @@ def _scripted_policy(replies: Sequence[str], tokenizer: Any) -> Any:
         ids = context.tolist()
         turns = sum(ids[i : i + n] == marker for i in range(len(ids) - n + 1)) if n else 1
         text = replies[min(max(turns - 1, 0), len(replies) - 1)]
-        return renderer.encode_plain(text) + list(renderer.turn_end_ids)
+        return renderer.encode_action_text(text) + list(renderer.turn_end_ids)
 
     return ScriptedPolicy(script, name="scripted")
 

@@ -95,14 +95,22 @@ _chars = st.characters(codec="utf-8")
 SPECIAL_LIKE = re.compile(r"<\|[a-z_]+\|>")
 
 
-def texts(*, special: bool, max_parts: int = 5) -> st.SearchStrategy[str]:
-    """Random message text: unicode, edge whitespace, and (when ``special``) special-token text."""
+# The non-special added tokens of both templates: text from the environment never becomes one,
+# where a plain ``apply_chat_template(tokenize=True)`` makes it one (a deliberate difference).
+ADDED_LIKE = re.compile(r"</?(?:tool_call|think|tool_response)>")
+
+
+def texts(*, special: bool, max_parts: int = 5, added: bool = True) -> st.SearchStrategy[str]:
+    """Random message text: unicode, edge whitespace, and (when ``special``) special-token text;
+    ``added=False`` keeps out the text of non-special added tokens too."""
     atoms: list[st.SearchStrategy[str]] = [st.text(_chars, max_size=10), st.sampled_from(PLAIN_PIECES)]
     if special:
         atoms.append(st.sampled_from(SPECIAL_TEXT))
     joined = st.lists(st.one_of(*atoms), max_size=max_parts).map("".join)
     # Without ``special``, pieces such as "<|im_end" + "|>" must not join into special-token text.
-    return joined if special else joined.filter(lambda t: not SPECIAL_LIKE.search(t))
+    if not special:
+        joined = joined.filter(lambda t: not SPECIAL_LIKE.search(t))
+    return joined if added else joined.filter(lambda t: not ADDED_LIKE.search(t))
 
 
 def no_newline_lead(text: str) -> str:
@@ -157,16 +165,21 @@ def transcripts(
     end_with_assistant: bool = False,
     hf_safe: bool = False,
 ) -> dict[str, Any]:
-    """An OpenAI-style transcript ``{"messages", "tools"}`` with tool-call arguments as objects."""
+    """An OpenAI-style transcript ``{"messages", "tools"}`` with tool-call arguments as objects.
+
+    ``hf_safe``: comparable token for token with ``apply_chat_template(tokenize=True)``, which
+    makes added-token text in the environment's messages into added tokens (tokengym keeps it text).
+    """
     text = texts(special=special)
+    env_text = texts(special=special, added=False) if hf_safe else text
     plain = texts(special=False, max_parts=3)
     assistant_text = texts(special=special).map(no_newline_lead) if hf_safe else text
     arg_text = texts(special=True, max_parts=3) if special_arguments else plain
     tools = draw(st.lists(tool_schemas(plain), max_size=3))
     messages: list[dict[str, Any]] = []
     if draw(st.booleans()):
-        messages.append({"role": "system", "content": draw(text)})
-    messages.append({"role": "user", "content": draw(text)})
+        messages.append({"role": "system", "content": draw(env_text)})
+    messages.append({"role": "user", "content": draw(env_text)})
     n_turns = draw(st.integers(1, 5))
     call_no = 0
     for k in range(n_turns):
@@ -190,12 +203,12 @@ def transcripts(
             break
         for call in calls:
             messages.append(
-                {"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"], "content": draw(text)}
+                {"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"], "content": draw(env_text)}
             )
         # After tool results a user follow-up is optional; after a plain answer it is usual
         # (sometimes nothing: two assistant turns in a row).
         if draw(st.integers(0, 3)) > (2 if calls else 0):
-            messages.append({"role": "user", "content": draw(text)})
+            messages.append({"role": "user", "content": draw(env_text)})
     return {"messages": messages, "tools": tools}
 
 

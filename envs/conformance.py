@@ -228,6 +228,21 @@ def _dropped_everywhere(
     return variants
 
 
+def _trimmed_actions(pieces: Sequence[Piece], turn_end_text: str) -> tuple[list[str], tuple[int, ...]]:
+    """The stream with each action's content stripped of edge whitespace (templates that
+    ``| trim`` content: the whitespace sits between the turn's header and its end token)."""
+    texts, turns = [p.text for p in pieces], set()
+    for i, p in enumerate(pieces):
+        if p.kind != "action":
+            continue
+        closed = bool(turn_end_text) and p.text.endswith(turn_end_text)
+        content = p.text[: -len(turn_end_text)] if closed else p.text
+        if content != content.strip():
+            texts[i] = content.strip() + (turn_end_text if closed else "")
+            turns.add(p.turn)
+    return texts, tuple(sorted(turns))
+
+
 def _squeeze(text: str, controls: Any) -> str:
     """``text`` without the whitespace next to control tokens (and at its ends)."""
     if controls is None:
@@ -320,6 +335,9 @@ def check_conformance(
         if _matches("".join(texts), expected, final, renderer.turn_end_text):
             return _known(turn, behaviours, turns, notes)
     controls = renderer.control_pattern
+    trimmed, turns = _trimmed_actions(pieces, renderer.turn_end_text)
+    if turns and _matches("".join(trimmed), expected, final, renderer.turn_end_text):
+        return _known(turn, (KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN,), turns, notes)
     if _matches(_squeeze(actual, controls), _squeeze(expected, controls), final, renderer.turn_end_text):
         turns = tuple(sorted({p.turn for p in pieces if p.kind == "action" and p.text != _squeeze(p.text, controls)} or {turn}))
         return _known(turn, (KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN,), turns, notes)

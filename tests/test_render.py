@@ -123,3 +123,100 @@ def test_template_that_drops_assistant_content_is_refused(qwen25):
     template = "{% for m in messages %}{% if m.role != 'assistant' %}{{ m.content }}{% endif %}{% endfor %}"
     with pytest.raises(TemplateError, match="verbatim.*CHATML_TOOLS"):
         ChatRenderer(qwen25, chat_template=template)
+
+
+# ------------------------------------------------- templates that print only the calls
+from llama_style import LLAMA_STYLE_TEMPLATE  # noqa: E402
+
+CALLS = [
+    {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}},
+    {"id": "call_2", "type": "function", "function": {"name": "add", "arguments": {"a": 3, "b": 4}}},
+]
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+    },
+}
+
+
+@pytest.mark.parametrize("n_calls", [1, 2])
+@pytest.mark.parametrize(
+    "new",
+    [
+        [{"role": "tool", "content": "3"}],
+        [{"role": "tool", "content": "3"}, {"role": "user", "content": "and then?"}],
+    ],
+)
+def test_bridge_without_the_assistants_content(qwen25, n_calls, new):
+    """A template that prints only the tool calls of a message that has them (Llama 3.x style):
+    the observation is still exactly what the whole render appends after the assistant turn."""
+    r = ChatRenderer(qwen25, chat_template=LLAMA_STYLE_TEMPLATE)
+    calls = CALLS[:n_calls]
+    history = [{"role": "user", "content": "sum?"}, {"role": "assistant", "content": "", "tool_calls": calls}]
+    prompt = r.render_text(history[:1], [ADD_TOOL], add_generation_prompt=True)
+    action = r.assistant(history[1], [ADD_TOOL])
+    whole = r.render_text([*history, *new], [ADD_TOOL], add_generation_prompt=True)
+    assert whole.startswith(prompt + action.text)
+    obs = r.observation(new, [ADD_TOOL], assistant_tool_calls=calls)
+    assert obs.text == whole[len(prompt + action.text) :] and obs.rewrites_history is None
+    assert obs.ids == r.encode(obs.text)
+    assert r.capability("tool_results") is None and r.capability("user_followup") is None
+
+
+MOVING_TOOLS = (
+    # Mistral style: the tools and the system prompt are rendered with the last user message.
+    "{%- set sys = messages[0].content if messages[0].role == 'system' else '' %}"
+    "{%- set users = messages | selectattr('role', 'equalto', 'user') | list %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' %}"
+    "{%- if m is sameas users[-1] and tools %}[TOOLS]{{ tools | map(attribute='function.name') | join(',') }}[/TOOLS]{% endif %}"
+    "<|im_start|>user\n{% if m is sameas users[-1] and sys %}{{ sys }}\n\n{% endif %}{{ m.content }}<|im_end|>\n"
+    "{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}<|im_end|>\n"
+    "{% elif m.role == 'tool' %}<|im_start|>tool\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_moves_the_tools_is_bridged_and_said(qwen25):
+    r = ChatRenderer(qwen25, chat_template=MOVING_TOOLS)
+    obs = r.observation([{"role": "tool", "content": "3"}], [ADD_TOOL])
+    assert obs.text == "\n<|im_start|>tool\n3<|im_end|>\n<|im_start|>assistant\n" and obs.rewrites_history is None
+    obs = r.observation([{"role": "user", "content": "more"}], [ADD_TOOL])
+    # The tools follow the new last user message; the cut still lands after the assistant's turn.
+    assert obs.text == "\n[TOOLS]add[/TOOLS]<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
+    assert obs.rewrites_history and "before the assistant turn" in obs.rewrites_history
+
+
+def test_a_template_that_cannot_render_tool_results_is_refused_by_name(qwen25):
+    # Gemma 3's own template: roles must alternate, so a tool message raises.
+    template = (
+        "{%- for m in messages %}{%- if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    r = ChatRenderer(qwen25, chat_template=template)
+    assert r.capability("user_followup") is None
+    assert "roles must alternate" in r.capability("tool_results")
+    with pytest.raises(TemplateError, match="tool results after an assistant turn with tool calls.*roles must alternate"):
+        r.require("tool_results")
+    with pytest.raises(KeyError, match="known"):
+        r.capability("images")
+
+
+def test_a_template_that_needs_arguments_as_text(qwen25):
+    # DeepSeek V3's own template concatenates the arguments: an object fails, JSON text works.
+    template = (
+        "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.name + ':' + c.function.arguments }}{% endfor %}"
+        "{%- else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    r = ChatRenderer(qwen25, chat_template=template)
+    action = r.assistant({"role": "assistant", "content": None, "tool_calls": CALLS[:1]})
+    assert action.text == 'add:{"a": 1, "b": 2}<|im_end|>' and r.string_arguments
+    assert action.ids == r.encode(action.text)
+    assert r.capability("tool_results") is None

@@ -37,7 +37,7 @@ import inspect
 import json
 import re
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar
@@ -187,8 +187,6 @@ class ToolCallParser:
     hint: ClassVar[str] = ""
     """How a call is written, appended to every format error."""
     argument_keys: ClassVar[tuple[str, ...]] = ("arguments", "parameters")
-    markers: ClassVar[tuple[str, ...]] = ()
-    """Text that starts a call in this family (used to tell it from other families' calls)."""
 
     def parse(self, text: str, tools: Iterable[Mapping[str, Any]] | Schemas | None = None) -> list[ParsedCall]:
         """Every tool-call attempt in ``text``, in order; malformed ones carry the error the model is shown.
@@ -226,9 +224,7 @@ class ToolCallParser:
         except _GUARDED as err:
             return None, self._error(index, raw, f"is not valid JSON ({_reason(err)})")
 
-    def _call(
-        self, index: int, raw: str, obj: Any = None, *, decoded: bool = False, id: str | None = None
-    ) -> ParsedCall:
+    def _call(self, index: int, raw: str, obj: Any = None, *, decoded: bool = False) -> ParsedCall:
         """A call from a JSON object ``{"name": ..., "<argument key>": {...}}`` (``raw`` decoded unless ``decoded``)."""
         n = index + 1
         if not decoded:
@@ -241,11 +237,9 @@ class ToolCallParser:
         if not isinstance(name, str) or not name.strip():
             return ParsedCall(index, raw, error=f'Error: tool call {n} has no "name" string. {self.hint}')
         key = next((k for k in self.argument_keys if k in obj), self.argument_keys[0])
-        return self._with_arguments(index, raw, name.strip(), obj.get(key, {}), key, id=id)
+        return self._with_arguments(index, raw, name.strip(), obj.get(key, {}), key)
 
-    def _with_arguments(
-        self, index: int, raw: str, name: str, args: Any, key: str = "arguments", *, id: str | None = None
-    ) -> ParsedCall:
+    def _with_arguments(self, index: int, raw: str, name: str, args: Any, key: str = "arguments") -> ParsedCall:
         if isinstance(args, str):  # double-encoded arguments (the OpenAI wire form) are accepted
             try:
                 decoded_args = json.loads(args)
@@ -257,9 +251,9 @@ class ToolCallParser:
             return self._error(index, raw, f': "{key}" must be a JSON object, got {_json_kind(args)}', name)
         if _too_deep(args):
             return self._error(index, raw, f"has arguments nested more than {MAX_ARGUMENT_DEPTH} levels deep", name)
-        return ParsedCall(index, raw, name=name, arguments=args, id=id)
+        return ParsedCall(index, raw, name=name, arguments=args)
 
-    def _json_args(self, index: int, raw: str, name: str, args_text: str, *, id: str | None = None) -> ParsedCall:
+    def _json_args(self, index: int, raw: str, name: str, args_text: str) -> ParsedCall:
         """A call whose name the format gives apart from its JSON arguments text."""
         if not name:
             return self._error(index, raw, "has no tool name")
@@ -270,7 +264,7 @@ class ToolCallParser:
             return self._error(index, raw, f"has arguments that are not valid JSON ({why})", name)
         except _GUARDED as err:
             return self._error(index, raw, f"has arguments that are not valid JSON ({_reason(err)})", name)
-        return self._with_arguments(index, raw, name, args, id=id)
+        return self._with_arguments(index, raw, name, args)
 
     def _json_list(self, first: int, text: str, pos: int) -> tuple[list[ParsedCall], int]:
         """The calls of the JSON list (or single object) at ``text[pos]``, numbered from ``first``,
@@ -304,7 +298,6 @@ class HermesParser(ToolCallParser):
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
     hint = 'Write each call as <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.'
-    markers = ("<tool_call>",)
 
     def _parse(self, text: str, schemas: Schemas) -> list[ParsedCall]:
         calls: list[ParsedCall] = []
@@ -315,18 +308,14 @@ class HermesParser(ToolCallParser):
             if start < 0:
                 return calls
             body = start + len(self.open_tag)
-            first = body
-            while first < len(text) and text[first].isspace():
-                first += 1
+            first = _skip_space(text, body)
             if text.startswith("{", first):
                 try:
                     obj, end = decoder.raw_decode(text, first)
                 except _GUARDED:
                     obj, end = None, -1
                 if end >= 0:
-                    after = end
-                    while after < len(text) and text[after].isspace():
-                        after += 1
+                    after = _skip_space(text, end)
                     if text.startswith(self.close_tag, after):
                         calls.append(self._call(len(calls), text[first:end], obj, decoded=True))
                         pos = after + len(self.close_tag)
@@ -361,7 +350,6 @@ class Llama3JsonParser(ToolCallParser):
     python_tag = "<|python_tag|>"
     hint = 'Write each call as {"name": "<tool>", "parameters": {...}}.'
     argument_keys = ("parameters", "arguments")
-    markers = ("<|python_tag|>",)
 
     def _parse(self, text: str, schemas: Schemas) -> list[ParsedCall]:
         s = text.strip()
@@ -465,7 +453,6 @@ class PythonicParser(ToolCallParser):
 
     name = "pythonic"
     hint = 'Write the calls as a Python list of keyword-argument calls: [tool_a(x=1, y="text"), tool_b()].'
-    markers = ("<|python_start|>", "```tool_code")
 
     def _parse(self, text: str, schemas: Schemas) -> list[ParsedCall]:
         for open_mark, close_mark in (("<|python_start|>", "<|python_end|>"), ("```tool_code", "```")):
@@ -599,7 +586,6 @@ class Qwen3CoderParser(ToolCallParser):
         "Write each call as <tool_call>\n<function=TOOL_NAME>\n<parameter=ARG_NAME>\nvalue\n</parameter>\n"
         "</function>\n</tool_call>."
     )
-    markers = ("<tool_call>", "<function=")
 
     def _parse(self, text: str, schemas: Schemas) -> list[ParsedCall]:
         calls: list[ParsedCall] = []
@@ -706,7 +692,6 @@ class DeepSeekParser(ToolCallParser):
         "Write the calls as <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>TOOL_NAME\n"
         '```json\n{"arg": "value"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>.'
     )
-    markers = (calls_begin, call_begin)
 
     def _parse(self, text: str, schemas: Schemas) -> list[ParsedCall]:
         begin = text.find(self.calls_begin)
@@ -769,7 +754,6 @@ class MistralParser(ToolCallParser):
     name = "mistral"
     bot = "[TOOL_CALLS]"
     hint = 'Write the calls as [TOOL_CALLS][{"name": "<tool>", "arguments": {...}, "id": "<9 letters or digits>"}].'
-    markers = ("[TOOL_CALLS]",)
 
     def make_call_id(self, turn: int, index: int) -> str:
         n, out = (turn << 16) | index, ""
@@ -855,7 +839,6 @@ class GraniteParser(ToolCallParser):
     name = "granite"
     bot = "<|tool_call|>"
     hint = 'Write the calls as <|tool_call|>[{"name": "<tool>", "arguments": {...}}].'
-    markers = ("<|tool_call|>",)
 
     def _parse(self, text: str, schemas: Schemas) -> list[ParsedCall]:
         calls: list[ParsedCall] = []

@@ -1,11 +1,15 @@
 """ToolEnv: a chat environment whose assistant calls tools until it answers.
 
-Each step parses the assistant's text for tool calls (a parser chosen from the chat template,
-or given), runs every call of the turn (concurrently, each under a timeout), and answers
-with one tool message per call attempt, in call order: the tool's output, or a short error
-text when the call was malformed, named an unknown tool, had bad arguments, raised or timed
-out. A turn without any tool call is the final answer: the episode terminates and the
-answer is scored. Limits end the episode as truncated, with ``info["stop_reason"]``.
+Each step parses the assistant's text for tool calls (a parser of the model family's format,
+chosen from the chat template or given: see :mod:`tokengym.envs.parsers`), runs every call of
+the turn (concurrently, each under a timeout), and answers with one tool message per call
+attempt, in call order: the tool's output, or a short error text when the call was malformed,
+named an unknown tool, had bad arguments, raised or timed out. A turn without any tool call
+is the final answer: the episode terminates and the answer is scored. A turn that looks like a
+tool call the parser does not read (another family's call marker, or a call naming one of the
+episode's tools in another shape) is never scored: the model reads an error that shows the
+expected format, and it counts as an invalid call. Limits end the episode as truncated, with
+``info["stop_reason"]``.
 
 Tool output is cut to a token budget per result and per turn (head and tail kept around a
 marker, measured with the renderer's ``encode_plain``), so a tool can never flood the
@@ -25,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt
-from .parsers import ParsedCall, ToolCallParser, get_parser
+from .parsers import ParsedCall, ToolCallParser, call_evidence, get_parser, parse_calls
 from .render import Message
 from .tools import Tool, ToolCall, ToolRunner, _expand
 
@@ -41,8 +45,8 @@ __all__ = [
 TaskSource = Sequence[Mapping[str, Any]] | Callable[[np.random.Generator], Mapping[str, Any]]
 RewardFn = Callable[[str, dict[str, Any]], float]
 
-INVALID_STATUSES = frozenset({"parse_error", "unknown_tool", "invalid_arguments"})
-_STATUSES = ("ok", "error", "timeout", "parse_error", "unknown_tool", "invalid_arguments", "over_limit")
+INVALID_STATUSES = frozenset({"parse_error", "wrong_format", "unknown_tool", "invalid_arguments"})
+_STATUSES = ("ok", "error", "timeout", "parse_error", "wrong_format", "unknown_tool", "invalid_arguments", "over_limit")
 MARKER = "\n[... {} characters cut ...]\n"
 _CHARS_PER_TOKEN_BOUND = 64  # texts longer than this many characters per budget token are cut unmeasured
 MIN_RESULT_TOKENS = 32
@@ -138,8 +142,9 @@ class CallRecord:
 
     index: int
     status: str
-    """``ok``, ``error`` (the tool raised), ``timeout``, ``parse_error``, ``unknown_tool``,
-    ``invalid_arguments`` or ``over_limit`` (not run: too many calls this turn)."""
+    """``ok``, ``error`` (the tool raised), ``timeout``, ``parse_error``, ``wrong_format`` (the turn
+    looks like a tool call the parser does not read), ``unknown_tool``, ``invalid_arguments``
+    or ``over_limit`` (not run: too many calls this turn)."""
     content: str
     """Exactly the tool message's content the model reads (after truncation)."""
     name: str | None = None
@@ -150,7 +155,7 @@ class CallRecord:
 
     @property
     def invalid(self) -> bool:
-        """The model wrote a call that cannot be run (malformed, unknown tool, bad arguments)."""
+        """The model wrote a call that cannot be run (malformed, wrong format, unknown tool, bad arguments)."""
         return self.status in INVALID_STATUSES
 
     def as_dict(self) -> dict[str, Any]:
@@ -180,12 +185,18 @@ class ToolEnv(ChatEnv):
         turn_reward_fn: ``(records, task) -> float`` added on every turn (``records`` are the
             turn's :class:`CallRecord` s; empty on the final turn).
         system_prompt: prepended as a system message unless the task brings its own.
-        parser: a parser name (``"hermes"``, ``"llama3_json"``), a :class:`ToolCallParser`, or
-            ``None`` to pick one from the chat template.
+        parser: a parser name (``"hermes"``/``"qwen"``/``"chatml"``, ``"llama3_json"``/``"llama3"``,
+            ``"pythonic"``/``"llama3_pythonic"``/``"gemma"``, ``"qwen3_coder"``,
+            ``"deepseek_v3"``/``"deepseek"``/``"deepseek_r1"``, ``"mistral"``, ``"xlam"``,
+            ``"granite"``, or any :func:`~tokengym.envs.parsers.register_parser` name), a
+            :class:`ToolCallParser`, or ``None`` to detect it from the chat template (with a
+            warning when the template shows no known format and ``"hermes"`` is guessed).
+            Call ids are the model's own where its format has them (Mistral), else made by the
+            parser's ``make_call_id`` in the form its family's template accepts.
         tool_timeout: seconds per call (a tool's own ``timeout`` wins).
         max_tool_calls_per_turn: calls beyond this are not run; each gets an error message.
-        max_invalid_calls: this many invalid calls in a row (malformed, unknown tool, bad
-            arguments) end the episode: truncated, ``stop_reason="invalid_tool_calls"``.
+        max_invalid_calls: this many invalid calls in a row (malformed, wrong format, unknown
+            tool, bad arguments) end the episode: truncated, ``stop_reason="invalid_tool_calls"``.
         max_result_tokens: token budget of one tool result.
         max_turn_result_tokens: token budget of all results of one turn together.
         template_tool_calls: show the parsed calls to the template when it renders the tool
@@ -245,6 +256,7 @@ class ToolEnv(ChatEnv):
         self.max_turn_result_tokens = max_turn_result_tokens
         self.template_tool_calls = template_tool_calls
         self._tools_by_name: dict[str, Tool] = {}
+        self._schemas: list[dict[str, Any]] = []
         self._stats = _new_stats()
         self._task: dict[str, Any] = {}
 
@@ -323,6 +335,7 @@ class ToolEnv(ChatEnv):
         self._tools_by_name = {t.name: t for t in tools}
         self._task = task
         schemas = [t.schema for t in tools]
+        self._schemas = schemas
         return Prompt(self.task_messages(task), schemas or None, task)
 
     def close(self) -> None:
@@ -339,15 +352,22 @@ class ToolEnv(ChatEnv):
 
     def respond(self, turn: AssistantTurn) -> EnvResponse:
         content = strip_reasoning(turn.text, *self.think_tags)
-        attempts = self.parser.parse(content)
+        attempts = parse_calls(self.parser, content, self._schemas)
         task = self._task
-        if not attempts:
-            final = self.final_reward(content, task)
-            extra = self.turn_reward([], task)
-            info = {"tool_results": [], "tool_stats": dict(self._stats), "final_reward": final}
-            return EnvResponse(reward=final + extra, done=True, info=info)
-
-        records = self._run(attempts, turn.turn)
+        if attempts:
+            records = self._run(attempts, turn.turn)
+        else:
+            evidence = call_evidence(content, self._tools_by_name)
+            if evidence is None:
+                final = self.final_reward(content, task)
+                extra = self.turn_reward([], task)
+                info = {"tool_results": [], "tool_stats": dict(self._stats), "final_reward": final}
+                return EnvResponse(reward=final + extra, done=True, info=info)
+            text = (
+                f"Error: this looks like a tool call ({evidence}), but it is not in the format this "
+                f"environment reads ({self.parser.name or type(self.parser).__name__}); nothing was run. {self.parser.hint}"
+            ).rstrip()
+            records = [CallRecord(0, "wrong_format", text)]
         records = self._truncate(records)
         for r in records:
             self._stats["calls"] += 1
@@ -389,7 +409,7 @@ class ToolEnv(ChatEnv):
         records: list[CallRecord | None] = [None] * len(attempts)
         runnable: list[tuple[int, ToolCall]] = []
         for a in attempts:
-            cid = f"call_{turn}_{a.index}" if a.ok else None
+            cid = (a.id or self.parser.make_call_id(turn, a.index)) if a.ok else None
             if a.index >= limit:
                 plural = "s" if limit > 1 else ""
                 text = (

@@ -138,3 +138,365 @@ def test_detection_and_registry(qwen3, qwen25):
         assert get_parser("shouty").parse('<TOOL_CALL>{"NAME": "f"}</TOOL_CALL>')[0].name == "f"
     finally:
         del PARSERS["shouty"]
+
+
+# ------------------------------------------------------------ every family
+import copy  # noqa: E402
+import json  # noqa: E402
+import warnings  # noqa: E402
+
+from tokengym.envs import (  # noqa: E402
+    DeepSeekParser,
+    GraniteParser,
+    MistralParser,
+    PythonicParser,
+    Qwen3CoderParser,
+    XLAMParser,
+    call_evidence,
+    detect_parser_evidence,
+    parse_calls,
+)
+from tokengym.envs.parsers import MAX_ARGUMENT_DEPTH  # noqa: E402
+
+from call_formats import FORMATS, PATHOLOGICAL, VARIANTS, mistral_id, with_argument  # noqa: E402
+
+TWO = [("add", {"a": 1, "b": 2}), ("lookup", {"query": "tea </tool_call> time", "tags": ["x", "y"], "deep": {"k": None}})]
+ONE = TWO[:1]
+WRITERS = {**{f: (f, w) for f, w in FORMATS.items()}, **VARIANTS}
+SCHEMAS = [
+    {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": "integer"}}}}},
+    {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
+        "query": {"type": "string"}, "tags": {"type": "array"}, "deep": {"type": "object"}}}}},
+]
+
+
+def test_every_family_is_registered_under_its_names():
+    expected = {
+        "hermes": HermesParser, "qwen": HermesParser, "chatml": HermesParser,
+        "llama3_json": Llama3JsonParser, "llama3": Llama3JsonParser,
+        "pythonic": PythonicParser, "llama3_pythonic": PythonicParser, "gemma": PythonicParser,
+        "qwen3_coder": Qwen3CoderParser,
+        "deepseek_v3": DeepSeekParser, "deepseek": DeepSeekParser, "deepseek_r1": DeepSeekParser,
+        "mistral": MistralParser, "xlam": XLAMParser, "granite": GraniteParser,
+    }
+    for name, cls in expected.items():
+        parser = get_parser(name)
+        assert type(parser) is cls and parser.hint.startswith("Write")
+    assert {get_parser(f).name for f in FORMATS} == set(FORMATS)
+
+
+@pytest.mark.parametrize("form", list(WRITERS))
+@pytest.mark.parametrize("calls", [ONE, TWO], ids=["single", "parallel"])
+def test_each_format_parses_single_and_parallel_calls(form, calls):
+    family, write = WRITERS[form]
+    parsed = get_parser(family).parse(write(calls), tools=SCHEMAS)
+    assert [(p.name, p.arguments, p.error) for p in parsed] == [(n, a, None) for n, a in calls]
+    assert [p.index for p in parsed] == list(range(len(calls)))
+
+
+# Text around the calls that each format allows (some formats must open the turn).
+AROUND = {
+    "hermes": ("Let me add.\n", "\nDone."),
+    "llama3_json": ("<|python_tag|>", "  and some words after"),
+    "pythonic": ("I will call the tools.\n", "\nThat is all."),
+    "qwen3_coder": ("Reasoning first.\n", "\n"),
+    "deepseek_v3": ("I need the tools.", ""),
+    "mistral": ("Calling now. ", ""),
+    "xlam": ("", "\nTrailing words."),
+    "granite": ("Thinking. ", ""),
+}
+
+
+@pytest.mark.parametrize("family", list(FORMATS))
+def test_each_format_allows_its_text_before_and_after(family):
+    text = AROUND[family][0] + FORMATS[family](TWO) + AROUND[family][1]
+    parsed = get_parser(family).parse(text, tools=SCHEMAS)
+    assert [(p.name, p.arguments) for p in parsed] == TWO and all(p.ok for p in parsed)
+
+
+def test_wrapped_forms_and_fences():
+    pythonic = PythonicParser()
+    llama4 = "<|python_start|>[add(a=1, b=2), lookup(query='q')]<|python_end|>"
+    assert [(p.name, p.arguments) for p in pythonic.parse(llama4)] == [("add", {"a": 1, "b": 2}), ("lookup", {"query": "q"})]
+    gemma = 'Sure.\n```tool_code\nadd(a=1, b=-2.5)\nlookup(query="q", deep={"k": [true, null]})\n```\nok'
+    assert [(p.name, p.arguments) for p in pythonic.parse(gemma)] == [
+        ("add", {"a": 1, "b": -2.5}), ("lookup", {"query": "q", "deep": {"k": [True, None]}})
+    ]
+    xlam = 'Here:\n```json\n[{"name": "add", "arguments": {"a": 1, "b": 2}}]\n```\nthen I wait.'
+    assert [(p.name, p.arguments) for p in XLAMParser().parse(xlam)] == ONE
+    for text in ("[1, 2, 3] are the numbers.", "See [the docs](https://x.y).", "[]", "plain answer"):
+        assert XLAMParser().parse(text) == [] and pythonic.parse(text) == []
+
+
+def test_hermes_close_tag_inside_a_string_argument_does_not_split_the_call():
+    code = 'print("<tool_call>{\\"name\\": \\"x\\"}</tool_call>")\nassert s.endswith("</tool_call>")'
+    text = "<tool_call>\n" + json.dumps({"name": "run", "arguments": {"code": code}}) + "\n</tool_call>"
+    (call,) = HermesParser().parse(text + "\n" + text)[:1]
+    assert call.ok and call.arguments == {"code": code}
+    assert [c.arguments for c in HermesParser().parse(text + "\n" + text)] == [{"code": code}] * 2
+    # With the tag in the string and text after the object, the error still reads like before.
+    (bad,) = HermesParser().parse('<tool_call>{"name": "f"} extra</tool_call>')
+    assert bad.error.startswith("Error: tool call 1 is not valid JSON (Extra data")
+
+
+def test_qwen3_coder_values_follow_the_schema():
+    text = (
+        "<tool_call>\n<function=f>\n<parameter=n>\n42\n</parameter>\n<parameter=x>\n2.5\n</parameter>\n"
+        "<parameter=flag>\nTrue\n</parameter>\n<parameter=obj>\n{\"a\": [1]}\n</parameter>\n"
+        "<parameter=items>\n[1, 2]\n</parameter>\n<parameter=maybe>\nNone\n</parameter>\n"
+        "<parameter=code>\n\nif a </parameter> b:\n    pass\n\n</parameter>\n<parameter=word>\n42\n</parameter>\n"
+        "<parameter=bad>\nfive\n</parameter>\n<parameter=extra>\n7\n</parameter>\n</function>\n</tool_call>"
+    )
+    schema = {"name": "f", "parameters": {"type": "object", "properties": {
+        "n": {"type": "integer"}, "x": {"type": "number"}, "flag": {"type": "boolean"}, "obj": {"type": "object"},
+        "items": {"type": "array"}, "maybe": {"type": ["integer", "null"]}, "code": {"type": "string"},
+        "word": {"type": "string"}, "bad": {"type": "integer"}}}}
+    (call,) = Qwen3CoderParser().parse(text, tools=[schema])
+    assert call.arguments == {
+        "n": 42, "x": 2.5, "flag": True, "obj": {"a": [1]}, "items": [1, 2], "maybe": None,
+        "code": "\nif a </parameter> b:\n    pass\n", "word": "42", "bad": "five", "extra": "7",
+    }
+    (plain,) = Qwen3CoderParser().parse(text)  # no schemas: every value stays text
+    assert plain.arguments["n"] == "42" and plain.arguments["flag"] == "True"
+
+
+MALFORMED = {
+    "pythonic": [
+        ("[add(a=x)]", 'tool call 1 ("add"): argument "a" is a variable'),
+        ("[add(a=__import__('os').getcwd())]", 'argument "a" is a function call'),
+        ("[add(a=1 + 2)]", 'argument "a" is an expression'),
+        ("[add(a={1: 2})]", "keys are not all strings"),
+        ("[add(a=b'x')]", "is a bytes literal"),
+        ("[add(1, 2)]", "has positional arguments"),
+        ("[add(**kw)]", "unpacks **arguments"),
+        ("[add(a=1)", "is not closed: the list has no closing ]"),
+        ("[add(a=1,, b=2)]", "is not valid Python (invalid syntax"),
+        ("[add(a=1, a=2)]", 'tool call 1 ("add") gives argument "a" twice'),
+        ("[os.system(a=1)]", "must call a tool by its plain name"),
+        ("```tool_code\nadd(a=1)\n", "is not closed: ```tool_code without a closing ```"),
+        ("```tool_code\nx = add(a=1)\n```", "must be a list of calls, not statements"),
+        ("<|python_start|>[]<|python_end|>", "is an empty list"),
+        ("<|python_start|>[add(a=1), 3]<|python_end|>", "tool call 2 is not a function call"),
+    ],
+    "qwen3_coder": [
+        ("<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n</tool_call>", 'tool call 1 ("add") is missing </function>'),
+        ("<tool_call>\n<function=add>\n<parameter=a>\n1\n</function>\n</tool_call>", 'parameter "a" without its closing </parameter>'),
+        ("<tool_call>\n<function=add>\n</function>", "is not closed: </function> without </tool_call>"),
+        ('<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call>', "must start with <function=TOOL_NAME> inside <tool_call>"),
+        ("<tool_call>\n<function=>\n</function>\n</tool_call>", "has no function name"),
+        ("<tool_call>\n<function=add\n</function>\n</tool_call>", "<function= tag without its closing >"),
+        ("<tool_call>\n<function=add>\nstray\n</function>\n</tool_call>", "has text that is not a <parameter=...> block"),
+        ("<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=a>\n2\n</parameter>\n</function>\n</tool_call>", 'gives parameter "a" twice'),
+        ("<function=add>\n</function>", "must be inside <tool_call> ... </tool_call>"),
+    ],
+    "deepseek_v3": [
+        ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{\"a\": 1\n```<｜tool▁call▁end｜>", 'tool call 1 ("add") has arguments that are not valid JSON'),
+        ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n[1]\n```<｜tool▁call▁end｜>", '("add"): "arguments" must be a JSON object, got array'),
+        ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{}<｜tool▁call▁end｜>", "a ```json block without its closing ```"),
+        ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function add {}<｜tool▁call▁end｜>", "has no <｜tool▁sep｜>"),
+        ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n{}", "is not closed: <｜tool▁call▁begin｜> without <｜tool▁call▁end｜>"),
+        ("<｜tool▁calls▁begin｜>add {}<｜tool▁calls▁end｜>", "has no <｜tool▁call▁begin｜> after <｜tool▁calls▁begin｜>"),
+        ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>\n{}<｜tool▁call▁end｜>", "has no tool name"),
+    ],
+    "mistral": [
+        ('[TOOL_CALLS][{"name": "add", "arguments": {}, "id": "short"}]', 'has id "short"; an id is 9 letters or digits'),
+        ('[TOOL_CALLS][{"name": "add", "arguments": {}, "id": "abc-12345"}]', "an id is 9 letters or digits"),
+        ('[TOOL_CALLS][{"name": "add", "arguments": {}, "id": 123456789}]', "an id is 9 letters or digits"),
+        ('[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}]', "is not valid JSON (Expecting ',' delimiter"),
+        ('[TOOL_CALLS][{"arguments": {}}]', 'has no "name" string'),
+        ("[TOOL_CALLS][]", "is an empty list"),
+        ('[TOOL_CALLS]"add"', "has no JSON arguments after the tool name"),
+        ('[TOOL_CALLS]add[ARGS]{"a": }', 'tool call 1 ("add") has arguments that are not valid JSON'),
+        ('[TOOL_CALLS][ARGS]{"a": 1}', "has no tool name before [ARGS]"),
+    ],
+    "xlam": [
+        ('[{"name": "add", "arguments": {"a": 1}', "is not valid JSON (Expecting ',' delimiter"),
+        ('[{"name": "add", "arguments": "a=1"}]', '"arguments" must be a JSON object, got string'),
+        ('[{"tool": "add"}]', 'has no "name" string'),
+    ],
+    "granite": [
+        ("<|tool_call|>add(a=1)", "has no JSON list after <|tool_call|>"),
+        ('<|tool_call|>[{"name": "add", "arguments": {"a": 1}]', "is not valid JSON"),
+        ('<|tool_call|>[{"name": "add", "arguments": [1]}]', '"arguments" must be a JSON object, got array'),
+    ],
+    "llama3_json": [
+        ('{"name": "add", "parameters": {"a": 1}} {"name": 5}', 'tool call 2 has no "name" string'),
+    ],
+    "hermes": [
+        ('<tool_call>{"name": "f", "arguments": {}} junk</tool_call>', "is not valid JSON (Extra data"),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "family, text, fragment", [(f, t, e) for f, cases in MALFORMED.items() for t, e in cases],
+    ids=[f"{f}-{i}" for f, cases in MALFORMED.items() for i in range(len(cases))],
+)
+def test_malformed_calls_of_every_family_teach_its_format(family, text, fragment):
+    parser = get_parser(family)
+    bad = [p for p in parser.parse(text) if not p.ok]
+    assert bad, f"{text!r} parsed as well-formed"
+    error = bad[0].error
+    assert error.startswith("Error: ") and fragment in error and error.endswith(parser.hint)
+    with pytest.raises(ValueError, match="malformed"):
+        bad[0].to_call()
+
+
+@pytest.mark.parametrize("family", list(FORMATS))
+@pytest.mark.parametrize("kind", list(PATHOLOGICAL))
+def test_pathological_input_never_raises_in_any_parser(family, kind):
+    parser = get_parser(family)
+    raw = PATHOLOGICAL[kind]
+    assert parser.parse(raw, tools=SCHEMAS) == [] or all(not p.ok for p in parser.parse(raw))
+    parsed = parser.parse(with_argument(family, raw), tools=SCHEMAS)
+    assert len(parsed) == 1
+    (call,) = parsed
+    if call.ok:  # only where values are text: Qwen3-Coder keeps what does not read as the schema's type
+        assert family == "qwen3_coder" and call.arguments["a"] == raw
+    else:
+        assert call.error.endswith(parser.hint) and len(call.error) < 600
+        assert any(w in call.error for w in ("nested", "digits", "too large", "levels deep")), call.error
+    # Whatever came back can be copied and stored.
+    json.dumps(copy.deepcopy(call.arguments))
+
+
+@pytest.mark.parametrize("family", list(FORMATS))
+def test_hostile_text_is_an_error_not_an_exception(family):
+    parser = get_parser(family)
+    texts = [
+        with_argument(family, "\x00"), with_argument(family, "1e999999"), with_argument(family, "-" * 5000),
+        with_argument(family, "{" * 5000), with_argument(family, '"' + "\\" * 3001),
+        FORMATS[family]([("add", {"a": 1})])[: len(FORMATS[family]([("add", {"a": 1})])) // 2],
+    ]
+    for text in texts:
+        for p in parser.parse(text, tools=SCHEMAS):
+            assert p.ok or p.error.endswith(parser.hint)
+            json.dumps(copy.deepcopy(p.arguments))
+
+
+def test_deep_but_decodable_arguments_are_refused_at_the_limit():
+    ok = "[" * (MAX_ARGUMENT_DEPTH - 1) + "]" * (MAX_ARGUMENT_DEPTH - 1)
+    too_deep = "[" * (MAX_ARGUMENT_DEPTH + 1) + "]" * (MAX_ARGUMENT_DEPTH + 1)
+    assert HermesParser().parse(with_argument("hermes", ok))[0].ok
+    error = HermesParser().parse(with_argument("hermes", too_deep))[0].error
+    assert f"nested more than {MAX_ARGUMENT_DEPTH} levels deep" in error
+
+
+def test_pythonic_never_evaluates(tmp_path):
+    flag = tmp_path / "ran"
+    text = f"[add(a=open({str(flag)!r}, 'w').write('x'))]"
+    (call,) = PythonicParser().parse(text)
+    assert not call.ok and "is a function call" in call.error and not flag.exists()
+    (call,) = PythonicParser().parse("[add(a=0x" + "f" * 5000 + ")]")
+    assert not call.ok and "too large" in call.error
+
+
+def test_mistral_ids():
+    parser = MistralParser()
+    parsed = parser.parse(FORMATS["mistral"](TWO))
+    assert [p.id for p in parsed] == [mistral_id(0), mistral_id(1)]
+    assert parsed[0].to_call().id == mistral_id(0) and parsed[0].to_call("other").id == "other"
+    v11 = parser.parse('[TOOL_CALLS]add[CALL_ID]abcDEF123[ARGS]{"a": 1}[TOOL_CALLS]add[ARGS]{"a": 2}')
+    assert [(p.id, p.arguments) for p in v11] == [("abcDEF123", {"a": 1}), (None, {"a": 2})]
+    made = {parser.make_call_id(turn, index) for turn in range(40) for index in range(40)}
+    assert len(made) == 1600 and all(len(i) == 9 and i.isalnum() and i.isascii() for i in made)
+    assert HermesParser().make_call_id(2, 1) == "call_2_1"
+    assert all(p.id is None for f in FORMATS if f != "mistral" for p in get_parser(f).parse(FORMATS[f](TWO)))
+
+
+# ----------------------------------------------------------------- detection
+DEEPSEEK_SNIPPET = (  # the tool-call branch of DeepSeek V3's template
+    "{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + "
+    "tool['function']['name'] + '\\n' + '```json' + '\\n' + tool['function']['arguments'] + '\\n' + '```' + '<｜tool▁call▁end｜>'}}"
+)
+MISTRAL_SNIPPET = '{{- "[TOOL_CALLS][" }}{%- for tool_call in tool_calls %}{%- set out = tool_call.function|tojson %}'
+QWEN3_CODER_SNIPPET = (  # holds <tool_call> too: must still read as Qwen3-Coder
+    "{{- '\\n<tool_call>\\n<function=' + tool_call.name + '>\\n' }}"
+    "{{- '<parameter=' + args_name + '>\\n' }}{{- '\\n</parameter>\\n' }}{{- '</function>\\n</tool_call>' }}"
+)
+LLAMA32_PYTHONIC_SNIPPET = (  # also describes the tools as JSON and has an ipython role
+    "{{- 'If you decide to invoke any of the function(s), you MUST put it in the format of "
+    "[func_name1(params_name1=params_value1, params_name2=params_value2...), func_name2(params)]\\n' }}"
+    '{{- \'Here is a list of functions in JSON format: {"name": ..., "parameters": ...}\' }}'
+    "{{- '<|start_header_id|>ipython<|end_header_id|>' }}"
+)
+LLAMA4_SNIPPET = "{{- '<|python_start|>' }}{{- tool_call.name + '(' }}{{- '<|python_end|>' }}"
+GEMMA_SNIPPET = "{{- 'Example Format: [func_name1(params_name1=params_value1), func_name2(params)]' }}<tool_response>"
+XLAM_SNIPPET = (
+    'You have access to a set of tools. When using tools, make calls in a single JSON array: '
+    '\\n\\n[{"name": "tool_call_name", "arguments": {"arg1": "value1"}}]'
+)
+GRANITE_SNIPPET = "{{- '<|start_of_role|>assistant<|end_of_role|><|tool_call|>' + message.tool_calls | tojson }}"
+LLAMA32_JSON_SNIPPET = (
+    '{{- \'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.\' }}'
+    "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' }}"
+)
+PLAIN_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    "template, family",
+    [
+        (DEEPSEEK_SNIPPET, "deepseek_v3"),
+        (MISTRAL_SNIPPET, "mistral"),
+        (QWEN3_CODER_SNIPPET, "qwen3_coder"),
+        (LLAMA32_PYTHONIC_SNIPPET, "pythonic"),
+        (LLAMA4_SNIPPET, "pythonic"),
+        (GEMMA_SNIPPET, "pythonic"),
+        (XLAM_SNIPPET, "xlam"),
+        (GRANITE_SNIPPET, "granite"),
+        (LLAMA32_JSON_SNIPPET, "llama3_json"),
+        (LLAMA_STYLE_TEMPLATE, "llama3_json"),
+        ("{{ '<|python_tag|>' + tool_call | tojson }}", "llama3_json"),
+    ],
+)
+def test_detection_from_template_text(template, family):
+    found = detect_parser_evidence(template)
+    assert (found.name, found.guessed) == (family, False) and "template" in found.evidence
+    assert detect_parser(template) == family
+
+
+def test_detection_of_the_real_qwen_templates_and_guesses(qwen3, qwen25):
+    for tok in (qwen3, qwen25):
+        found = detect_parser_evidence(tok.chat_template)
+        assert found == detect_parser_evidence(tok.chat_template) and (found.name, found.guessed) == ("hermes", False)
+    for template in (None, "", PLAIN_CHATML):
+        found = detect_parser_evidence(template)
+        assert found.name == "hermes" and found.guessed and "guessed" in found.evidence
+    with pytest.warns(UserWarning, match="guessed 'hermes'.*pass parser="):
+        assert isinstance(get_parser(renderer=ChatRenderer(qwen25, chat_template=PLAIN_CHATML)), HermesParser)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        get_parser(renderer=ChatRenderer(qwen25))  # a known format: no warning
+        assert isinstance(get_parser("mistral", renderer=ChatRenderer(qwen25, chat_template=PLAIN_CHATML)), MistralParser)
+
+
+# ------------------------------------------------------------ call evidence
+def test_call_evidence_names_what_looks_like_a_call():
+    tools = ["add", "lookup"]
+    for family, write in FORMATS.items():
+        assert call_evidence(write(ONE), tools) is not None, family
+    assert call_evidence("<|tool_call|>oops", ()) == "it contains '<|tool_call|>'"
+    assert call_evidence('I would send {"name": "add", "x": 1}', tools) == 'it has a JSON object naming the tool "add"'
+    assert call_evidence("Calling [lookup(query='x')] now", tools) == 'it has a Python-style call of the tool "lookup"'
+    assert call_evidence("add(a=1, b=2)", tools) == 'it has a Python-style call of the tool "add"'
+    for text in ("<answer>5</answer>", "I used add(2, 3) to get 5.", "Use the add tool.", '{"name": "other"}', "[1, 2]"):
+        assert call_evidence(text, tools) is None, text
+    assert call_evidence('{"name": "add"}', ()) is None  # no tools named: only markers count
+
+
+def test_parse_calls_passes_tools_only_to_parsers_that_take_them():
+    class Old(ToolCallParser):
+        name = "old"
+
+        def parse(self, text):
+            return HermesParser().parse(text)
+
+    text = FORMATS["qwen3_coder"](ONE)
+    assert parse_calls(Old(), FORMATS["hermes"](ONE))[0].arguments == {"a": 1, "b": 2}
+    assert parse_calls(Qwen3CoderParser(), text, SCHEMAS)[0].arguments == {"a": 1, "b": 2}
+    assert parse_calls(Qwen3CoderParser(), text)[0].arguments == {"a": "1", "b": "2"}

@@ -642,3 +642,115 @@ def test_readme_tool_env_example(capsys):
     assert len(README_EXAMPLE.strip().splitlines()) < 30
     exec(compile(README_EXAMPLE, "README.md", "exec"), {})
     assert capsys.readouterr().out.split() == ["3", "1.0", "True"]
+
+
+# ------------------------------------------------------- every call format
+from call_formats import FORMATS, PATHOLOGICAL, mistral_id, with_argument  # noqa: E402
+
+from tokengym.envs import get_parser  # noqa: E402
+
+MISTRAL_ID = __import__("re").compile(r"[A-Za-z0-9]{9}")
+
+
+def family_env(tokenizer, family, **kwargs):
+    # The Qwen templates render calls as <tool_call> JSON: for another family's text, the
+    # observation is bridged without showing the parsed calls (the text stays what was written).
+    kwargs.setdefault("template_tool_calls", family == "hermes")
+    return make_env(tokenizer, parser=family, **kwargs)
+
+
+@pytest.mark.parametrize("family", list(FORMATS))
+def test_each_family_runs_its_calls_through_a_real_env(tokenizer, family):
+    env = family_env(tokenizer, family)
+    assert env.unwrapped.parser.name == family
+    RUNS.clear()
+    text = FORMATS[family]([("add", {"a": 1, "b": 2}), ("scored", {"x": 4})])
+    traj, infos = play(env, [raw("Working on it.\n" * (family in ("hermes", "qwen3_coder")) + text), ANSWER])
+    first = infos[0]
+    assert [(r["status"], r["content"]) for r in first["tool_results"]] == [("ok", "3"), ("ok", "4")]
+    assert RUNS == ["add"] and "3" in first["obs_text"]
+    ids = [r["id"] for r in first["tool_results"]]
+    assert [c["id"] for c in first["parsed_tool_calls"]] == ids and len(set(ids)) == 2
+    if family == "mistral":
+        assert ids == [mistral_id(0), mistral_id(1)]  # the model's own ids
+    else:
+        assert ids == [get_parser(family).make_call_id(0, i) for i in range(2)]
+    assert first["tool_stats"]["ok"] == 2 and first["tool_stats"]["invalid"] == 0
+    assert traj.terminated and traj.reward == 1.25  # the tool's own reward plus the answer
+
+
+def test_mistral_ids_the_model_did_not_write_are_valid_for_its_template(qwen25):
+    env = family_env(qwen25, "mistral")
+    _, infos = play(env, [raw('[TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}[TOOL_CALLS]add[ARGS]{"a": 2, "b": 2}'), ANSWER])
+    ids = [r["id"] for r in infos[0]["tool_results"]]
+    assert [r["content"] for r in infos[0]["tool_results"]] == ["3", "4"]
+    assert all(MISTRAL_ID.fullmatch(i) for i in ids) and len(set(ids)) == 2
+    _, infos = play(env, [raw('[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}, "id": "call_1"}]'), ANSWER])
+    (r,) = infos[0]["tool_results"]
+    assert r["status"] == "parse_error" and 'has id "call_1"; an id is 9 letters or digits' in r["content"]
+
+
+CROSS = [(env_family, written) for env_family in FORMATS for written in FORMATS if written != env_family]
+
+
+@pytest.mark.parametrize("env_family, written", CROSS, ids=[f"{e}-reads-{w}" for e, w in CROSS])
+def test_a_call_in_another_format_is_an_error_never_a_final_answer(qwen25, env_family, written):
+    env = family_env(qwen25, env_family)
+    hint = env.unwrapped.parser.hint
+    RUNS.clear()
+    traj, infos = play(env, [raw(FORMATS[written]([("add", {"a": 1, "b": 2})])), ANSWER])
+    first = infos[0]
+    assert "final_reward" not in first and first["tool_stats"]["invalid"] == 1 and RUNS == []
+    (r,) = first["tool_results"]
+    assert r["status"] in ("wrong_format", "parse_error") and r["content"].endswith(hint) and hint in first["obs_text"]
+    assert first["tool_stats"][r["status"]] == 1 and first["tool_stats"]["consecutive_invalid"] == 1
+    assert traj.num_turns == 2 and traj.reward == 1.0  # scored only on the real answer
+
+
+def test_wrong_format_says_what_it_saw_and_counts_toward_the_limit(tokenizer):
+    env = family_env(tokenizer, "hermes", max_invalid_calls=2)
+    mistral = FORMATS["mistral"]([("add", {"a": 1, "b": 2})])
+    traj, infos = play(env, [raw(mistral), raw('Let me call {"name": "add", "arguments": {"a": 1}} now.'), ANSWER])
+    first, second = (i["tool_results"][0] for i in infos)
+    assert first["content"] == (
+        "Error: this looks like a tool call (it contains '[TOOL_CALLS]'), but it is not in the format this "
+        f"environment reads (hermes); nothing was run. {HERMES_HINT}"
+    )
+    assert second["status"] == "wrong_format" and 'a JSON object naming the tool "add"' in second["content"]
+    assert first["id"] is None and infos[0]["parsed_tool_calls"] == [] and infos[0]["tool_calls"] is None
+    assert [i["tool_stats"]["wrong_format"] for i in infos] == [1, 2]
+    assert infos[-1]["stop_reason"] == "invalid_tool_calls" and traj.truncated and not traj.terminated
+
+
+def test_text_that_only_mentions_a_tool_is_still_the_final_answer(qwen25):
+    env = family_env(qwen25, "pythonic")
+    traj, infos = play(env, [raw("I could use add(2, 3), but 2 + 3 is <answer>5</answer>.")])
+    assert infos[0]["final_reward"] == 1.0 and traj.terminated and infos[0]["tool_results"] == []
+
+
+@pytest.mark.parametrize("family", list(FORMATS))
+def test_pathological_calls_never_crash_step(qwen3, family):
+    env = family_env(qwen3, family, max_invalid_calls=5)
+    actions = [raw(with_argument(family, text)) for text in PATHOLOGICAL.values()]
+    traj, infos = play(env, [*actions, ANSWER])
+    for info in infos[:-1]:
+        (r,) = info["tool_results"]
+        assert r["status"] in ("parse_error", "invalid_arguments") and r["content"].startswith("Error:")
+    assert traj.reward == 1.0 and infos[-1]["tool_stats"]["invalid"] == len(PATHOLOGICAL)
+
+
+def test_qwen3_coder_values_are_converted_with_the_episode_schemas(qwen3):
+    env = family_env(qwen3, "qwen3_coder")
+    text = "<tool_call>\n<function=add>\n<parameter=a>\n40\n</parameter>\n<parameter=b>\n2\n</parameter>\n</function>\n</tool_call>"
+    _, infos = play(env, [raw(text), ANSWER])
+    assert infos[0]["tool_results"][0]["content"] == "42" and infos[0]["parsed_tool_calls"][0]["function"]["arguments"] == {"a": 40, "b": 2}
+
+
+def test_unknown_template_format_warns_that_the_parser_is_a_guess(qwen25):
+    plain = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.warns(UserWarning, match="no known tool-call format; guessed 'hermes'"):
+        env = ToolEnv(qwen25, TASKS, [add], chat_template=plain)
+    assert isinstance(env.parser, HermesParser)

@@ -1,0 +1,97 @@
+"""Tool calls written the way each model family writes them, for parser and env tests.
+
+``FORMATS[family](calls)`` is the text a model of that family generates for ``calls``, a list
+of ``(name, arguments)`` pairs; ``PATHOLOGICAL`` holds argument texts that break naive parsers.
+"""
+
+from __future__ import annotations
+
+import json
+
+Calls = list[tuple[str, dict]]
+
+
+def hermes(calls: Calls) -> str:
+    return "\n".join(f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in calls)
+
+
+def llama3_json(calls: Calls) -> str:
+    return "; ".join(json.dumps({"name": n, "parameters": a}) for n, a in calls)
+
+
+def pythonic(calls: Calls) -> str:
+    return "[" + ", ".join(f"{n}({', '.join(f'{k}={v!r}' for k, v in a.items())})" for n, a in calls) + "]"
+
+
+def qwen3_coder(calls: Calls) -> str:
+    def value(v):
+        return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+
+    return "\n".join(
+        f"<tool_call>\n<function={n}>\n"
+        + "".join(f"<parameter={k}>\n{value(v)}\n</parameter>\n" for k, v in a.items())
+        + "</function>\n</tool_call>"
+        for n, a in calls
+    )
+
+
+def deepseek_v3(calls: Calls) -> str:
+    body = "\n".join(
+        f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{n}\n```json\n{json.dumps(a)}\n```<｜tool▁call▁end｜>" for n, a in calls
+    )
+    return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
+
+
+def deepseek_v31(calls: Calls) -> str:
+    body = "".join(f"<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>{json.dumps(a)}<｜tool▁call▁end｜>" for n, a in calls)
+    return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
+
+
+def mistral_id(index: int) -> str:
+    return f"mdl{index:06d}"
+
+
+def mistral(calls: Calls) -> str:
+    return "[TOOL_CALLS]" + json.dumps([{"name": n, "arguments": a, "id": mistral_id(i)} for i, (n, a) in enumerate(calls)])
+
+
+def mistral_v11(calls: Calls) -> str:
+    return "".join(f"[TOOL_CALLS]{n}[ARGS]{json.dumps(a)}" for n, a in calls)
+
+
+def xlam(calls: Calls) -> str:
+    return json.dumps([{"name": n, "arguments": a} for n, a in calls])
+
+
+def granite(calls: Calls) -> str:
+    return "<|tool_call|>" + json.dumps([{"name": n, "arguments": a} for n, a in calls])
+
+
+FORMATS = {
+    "hermes": hermes,
+    "llama3_json": llama3_json,
+    "pythonic": pythonic,
+    "qwen3_coder": qwen3_coder,
+    "deepseek_v3": deepseek_v3,
+    "mistral": mistral,
+    "xlam": xlam,
+    "granite": granite,
+}
+"""One writer per registered family (the name its parser is registered under)."""
+
+VARIANTS = {"deepseek_v31": ("deepseek_v3", deepseek_v31), "mistral_v11": ("mistral", mistral_v11)}
+"""Other forms a family's parser reads: name -> (family, writer)."""
+
+PATHOLOGICAL = {
+    "10k_nested_brackets": "[" * 10_000 + "]" * 10_000,
+    "5000_digit_integer": "7" * 5_000,
+    "600_deep_list": "[" * 600 + "1" + "]" * 600,
+}
+"""Argument texts: deeper than any recursion limit, an integer past Python's 4,300-digit text
+limit, and a list deeper than the argument limit but shallow enough to decode."""
+
+
+def with_argument(family: str, text: str) -> str:
+    """A call of ``add`` in ``family``'s format whose argument ``a`` is the raw ``text``."""
+    marker = "424242"
+    return FORMATS[family]([("add", {"a": int(marker), "b": 1})]).replace(marker, text, 1)

@@ -200,9 +200,11 @@ class ToolEnv(ChatEnv):
         max_result_tokens: token budget of one tool result.
         max_turn_result_tokens: token budget of all results of one turn together.
         template_tool_calls: show the parsed calls to the template when it renders the tool
-            results (so that templates which check calls against results take the right branch).
-            ``False`` for templates that drop an assistant's content when it has tool calls
-            (the real Llama 3.1 template does): the observation is then bridged without them.
+            results (so that templates which check calls against results take the right branch,
+            e.g. Mistral's ids). ``False`` bridges the observation without them.
+
+    A template that cannot render tool results after a tool-calling turn (Gemma 3's own
+    template raises when roles do not alternate) is refused here, by name, not mid-episode.
         max_turns, **kwargs: as for :class:`ChatEnv`.
 
     A step's ``info`` adds ``tool_results`` (one :meth:`CallRecord.as_dict` per attempt),
@@ -248,6 +250,7 @@ class ToolEnv(ChatEnv):
         self.reward_fn = reward_fn
         self.turn_reward_fn = turn_reward_fn
         self.system_prompt = system_prompt
+        self.renderer.require("tool_results")
         self.parser = get_parser(parser, renderer=self.renderer)
         self.runner = ToolRunner(tool_timeout)
         self.max_tool_calls_per_turn = max_tool_calls_per_turn

@@ -101,3 +101,26 @@ def test_check_template_names_the_turn_and_the_cause(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 1
     assert "not prefix-stable on turn(s) [0, 1]" in out and "system_moved" in out and CAUSES["system_moved"] in out
+
+
+def test_a_tool_env_on_a_template_without_tool_results_fails_at_construction(qwen25):
+    from tokengym.envs.tool_env import ToolEnv
+
+    alternating = (  # Gemma 3's own rule: roles must alternate, so a tool message cannot be rendered
+        "{%- for m in messages %}{%- if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+    def add(a: int, b: int) -> int:
+        """Add.
+
+        Args:
+            a: one.
+            b: two.
+        """
+        return a + b
+
+    with pytest.raises(Exception, match="tool results after an assistant turn with tool calls.*roles must alternate"):
+        ToolEnv(qwen25, [{"prompt": "p"}], [add], chat_template=alternating)

@@ -400,13 +400,13 @@ def test_llama_style_template_uses_the_json_parser(qwen25):
     env = RecordEpisodes(
         ToolEnv(
             qwen25, TASKS, [add], reward_fn=answer_reward, chat_template=LLAMA_STYLE_TEMPLATE,
-            conformance="strict", template_tool_calls=False,  # the template drops content beside tool calls
+            conformance="strict",  # the template prints only the calls of a message that has them
         )
     )
     assert isinstance(env.unwrapped.parser, Llama3JsonParser)
     traj, infos = play(env, [templated("", call("add", a=2, b=3), call("add", a=4, b=3)), ANSWER])
     assert [r["content"] for r in infos[0]["tool_results"]] == ["5", "7"]
-    assert infos[0]["tool_calls"] is None and len(infos[0]["parsed_tool_calls"]) == 2
+    assert len(infos[0]["tool_calls"]) == 2 and len(infos[0]["parsed_tool_calls"]) == 2
     assert "<|im_start|>ipython\n5<|im_end|>" in infos[0]["obs_text"]
     assert traj.reward == 1.0
 
@@ -653,9 +653,8 @@ MISTRAL_ID = __import__("re").compile(r"[A-Za-z0-9]{9}")
 
 
 def family_env(tokenizer, family, **kwargs):
-    # The Qwen templates render calls as <tool_call> JSON: for another family's text, the
-    # observation is bridged without showing the parsed calls (the text stays what was written).
-    kwargs.setdefault("template_tool_calls", family == "hermes")
+    # The parsed calls are shown to the (Qwen) template as in any episode: the bridge cuts after
+    # the assistant's end of turn, whatever the template prints for them.
     return make_env(tokenizer, parser=family, **kwargs)
 
 

@@ -92,6 +92,9 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             end-of-turn tokens then open the next observation (mask 0).
         conformance: ``"warn"`` checks every turn against the template and reports in
             ``info``; ``"strict"`` raises :class:`ConformanceError`; ``"off"`` skips the check.
+        require_tools_in_prompt: refuse a template that does not show the tools in the prompt
+            (:class:`~tokengym.envs.render.TemplateError` naming the fix); ``False`` when your
+            own messages describe them.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -108,6 +111,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         stop_strings: Sequence[str] = (),
         conformance: ConformanceMode = "warn",
         render_mode: str | None = None,
+        require_tools_in_prompt: bool = True,
     ) -> None:
         if conformance not in ("strict", "warn", "off"):
             raise ValueError(f"conformance must be 'strict', 'warn' or 'off', got {conformance!r}")
@@ -118,7 +122,12 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self.renderer = (
             tokenizer
             if isinstance(tokenizer, ChatRenderer)
-            else ChatRenderer(tokenizer, chat_template=chat_template, template_kwargs=template_kwargs)
+            else ChatRenderer(
+                tokenizer,
+                chat_template=chat_template,
+                template_kwargs=template_kwargs,
+                require_tools_in_prompt=require_tools_in_prompt,
+            )
         )
         self.max_turns = max_turns
         self.max_context_tokens = max_context_tokens

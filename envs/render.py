@@ -105,6 +105,15 @@ def _string_arguments(messages: Sequence[Message]) -> list[Message]:
     return out
 
 
+def _tool_names(tools: Sequence[Any]) -> list[str]:
+    names = []
+    for tool in tools:
+        fn = tool.get("function", tool) if isinstance(tool, Mapping) else None
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+            names.append(fn["name"])
+    return names
+
+
 def _tools_key(tools: Sequence[Any] | None) -> str:
     return json.dumps(list(tools), sort_keys=True, default=str) if tools else ""
 
@@ -156,6 +165,8 @@ class ChatRenderer:
         tokenizer: a tokenizer object, a local folder, a pinned name (``"qwen3"``) or a hub name.
         chat_template: a Jinja template that replaces the tokenizer's own.
         template_kwargs: extra variables for the template, e.g. ``{"enable_thinking": False}``.
+        require_tools_in_prompt: a prompt rendered with tools must show every tool's name;
+            ``False`` when the tools are described elsewhere (your own system prompt).
     """
 
     def __init__(
@@ -164,6 +175,7 @@ class ChatRenderer:
         *,
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        require_tools_in_prompt: bool = True,
     ) -> None:
         tok = load_tokenizer(tokenizer)
         if not (chat_template or getattr(tok, "chat_template", None)):
@@ -205,6 +217,7 @@ class ChatRenderer:
         #: True when the template needs tool-call arguments as JSON text, not as an object
         #: (found on the first render that fails with objects and works with text).
         self.string_arguments = False
+        self.require_tools_in_prompt = require_tools_in_prompt
         self._histories: dict[str, str] = {}
         self._capabilities: dict[str, str | None] = {}
         self._probe()
@@ -376,7 +389,17 @@ class ChatRenderer:
         """Token ids of a whole conversation followed by the generation prompt."""
         if not messages:
             raise ValueError("a prompt needs at least one message")
-        return self._render_ids(messages, tools, add_generation_prompt=True)
+        rendered = self._render_ids(messages, tools, add_generation_prompt=True)
+        if tools and self.require_tools_in_prompt:
+            missing = [n for n in _tool_names(tools) if n not in rendered.text]
+            if missing:
+                raise TemplateError(
+                    f"the chat template did not render the tools: {', '.join(map(repr, missing))} "
+                    "missing from the prompt, so the model would never see them. Pass "
+                    "chat_template=tokengym.envs.templates.CHATML_TOOLS (ChatML with the Hermes tool format), "
+                    "or require_tools_in_prompt=False if your own messages describe the tools"
+                )
+        return rendered
 
     def _history(self, tools: Sequence[Any] | None) -> str:
         """The text before the bridge's assistant turn: ``[user]`` without the generation prompt."""

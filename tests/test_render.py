@@ -220,3 +220,18 @@ def test_a_template_that_needs_arguments_as_text(qwen25):
     assert action.text == 'add:{"a": 1, "b": 2}<|im_end|>' and r.string_arguments
     assert action.ids == r.encode(action.text)
     assert r.capability("tool_results") is None
+
+
+def test_tools_that_the_template_drops_are_an_error_that_names_the_fix(qwen25):
+    plain = (  # a ChatML template without a tool section (SmolLM2's own is like this)
+        "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    msgs = [{"role": "user", "content": "sum 1 and 2"}]
+    with pytest.raises(TemplateError, match="'add' missing from the prompt.*CHATML_TOOLS.*require_tools_in_prompt=False"):
+        ChatRenderer(qwen25, chat_template=plain).prompt(msgs, [ADD_TOOL])
+    # The opt-out, and the named fix, both work.
+    assert "add" not in ChatRenderer(qwen25, chat_template=plain, require_tools_in_prompt=False).prompt(msgs, [ADD_TOOL]).text
+    from tokengym.envs.templates import CHATML_TOOLS
+
+    assert '"name": "add"' in ChatRenderer(qwen25, chat_template=CHATML_TOOLS).prompt(msgs, [ADD_TOOL]).text

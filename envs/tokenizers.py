@@ -282,8 +282,15 @@ def load_tokenizer(tokenizer: Any) -> Any:
         return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
     if Path(spec).expanduser().is_dir():
         folder = Path(spec).expanduser()
+        config = folder / "tokenizer_config.json"
         for pin in PINNED_TOKENIZERS.values():
-            if pin.tokenizer_class is not None and _verified(pin, folder):
+            # The small config file first: most folders are not a pinned copy.
+            if (
+                pin.tokenizer_class is not None
+                and config.is_file()
+                and _sha256(config) == pin.sha256["tokenizer_config.json"]
+                and _verified(pin, folder)
+            ):
                 return _load_pinned(pin, folder)
         return AutoTokenizer.from_pretrained(str(folder))
     pin = _pin_for(spec)

@@ -39,6 +39,7 @@ __all__ = [
     "family",
     "render",
     "render_stability",
+    "rendered_turn",
     "tokenizer_for",
 ]
 
@@ -586,7 +587,7 @@ TEMPLATE_FAMILIES: tuple[Family, ...] = (
         chat_template=_template(GEMMA3_PYTHONIC),
         parser="pythonic",
         prefix_stable=True,
-        call_markers=("<start_of_turn>model\n[get_weather(city=",),
+        call_markers=("[get_weather(city=", ")]<end_of_turn>"),
         control_tokens=("<start_of_turn>", "<end_of_turn>"),
         user_after_tool=False,
         groups_tool_results=True,
@@ -686,8 +687,10 @@ REAL_FAMILIES: tuple[Family, ...] = (
         call_markers=('{"name": "', '"parameters": '),
         control_tokens=("<|start_header_id|>", "<|eot_id|>"),
         parallel_calls=False,
+        # Without it the system prompt carries today's date (strftime_now) and changes at midnight.
+        template_kwargs={"date_string": "26 Jul 2024"},
         notes="JSON calls, not pythonic; tools in the first user message; one call per message; today's date "
-        "(strftime_now) in the system prompt",
+        "(strftime_now) in the system prompt unless date_string is passed",
     ),
     Family(
         name="deepseek_v3",
@@ -952,6 +955,32 @@ def render_stability(
                 PrefixBreak(cut, gen, at, part[at : at + context], whole[at : at + context], part[max(0, at - context) : at])
             )
     return Stability(fam.name, conversation.name, tuple(breaks))
+
+
+def rendered_turn(
+    fam: Family,
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    index: int,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> str:
+    """The text ``fam`` renders for assistant message ``messages[index]``: what a model of the family writes.
+
+    It is the render up to and including the message minus the prompt before it (with the
+    generation prompt), so it ends with the turn's own closing text (end-of-turn token and
+    the glue after it). Parser tests feed it to the family's parser.
+    """
+    if messages[index]["role"] != "assistant":
+        raise ValueError(f"messages[{index}] is a {messages[index]['role']} message, not an assistant one")
+    prompt = render(fam, tokenizer, messages[:index], tools, add_generation_prompt=True)
+    upto = render(fam, tokenizer, messages[: index + 1], tools)
+    if not upto.startswith(prompt):
+        at = _diverge(prompt, upto)
+        raise ValueError(
+            f"{fam.name}: the prompt before messages[{index}] is not a prefix of the render with it "
+            f"(at character {at}: {prompt[at : at + 40]!r} vs {upto[at : at + 40]!r})"
+        )
+    return upto[len(prompt) :]
 
 
 def drops_none_keys(tokenizer: Any) -> bool:

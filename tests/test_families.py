@@ -22,6 +22,7 @@ from families import (
     family,
     render,
     render_stability,
+    rendered_turn,
     tokenizer_for,
 )
 
@@ -123,6 +124,33 @@ def test_each_conversation_renders_in_the_family_format(fam, name):
             assert (m["content"] in text) == fam.prints_call_content, (
                 f"{fam.name}: content of an assistant with calls {'missing' if fam.prints_call_content else 'printed'}"
             )
+
+
+@pytest.mark.parametrize("fam", FAMILIES, ids=ids)
+def test_rendered_turn_of_a_call_message(fam):
+    """The text of one assistant turn with calls, as the family's model writes it."""
+    tok = tokenizer_for(fam)
+    conv = conversations(fam)["parallel_calls"]
+    index = next(i for i, m in enumerate(conv.messages) if m.get("tool_calls"))
+    message = conv.messages[index]
+    if _unrenderable_calls(fam, tok):
+        return
+    # R1's prompt opens <think>, which history drops; Mistral Nemo's prompt has the system text, which the
+    # render with the answer drops.
+    if fam.name in ("deepseek-r1", "mistral_nemo"):
+        with pytest.raises(ValueError, match="not a prefix"):
+            rendered_turn(fam, tok, conv.messages, index, conv.tools)
+        return
+    turn = rendered_turn(fam, tok, conv.messages, index, conv.tools)
+    for marker in fam.call_markers:
+        assert marker in turn
+    for call in message["tool_calls"]:
+        assert call["function"]["name"] in turn
+    if message.get("content"):
+        assert (message["content"] in turn) == fam.prints_call_content
+    assert "What is the weather" not in turn and "rain" not in turn
+    with pytest.raises(ValueError, match="not an assistant"):
+        rendered_turn(fam, tok, conv.messages, index - 1, conv.tools)
 
 
 @pytest.mark.parametrize("fam", FAMILIES, ids=ids)
@@ -240,10 +268,10 @@ def test_llama3_2_real_template():
     assert '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>' in text
     user_turn = text.split("<|start_header_id|>user<|end_header_id|>")[1]
     assert "Current weather in a city." in user_turn.split("<|eot_id|>")[0]
-    # Today's date comes from strftime_now unless date_string is passed.
-    assert re.search(r"Today Date: \d\d \w{3} \d{4}\n", text)
-    dated = tok.apply_chat_template(msgs[:2], tokenize=False, date_string="01 Jan 2030")
-    assert "Today Date: 01 Jan 2030\n" in dated
+    # Today's date comes from strftime_now unless date_string is passed (the family passes one).
+    assert "Today Date: 26 Jul 2024\n" in text
+    undated = tok.apply_chat_template(msgs[:2], tokenize=False)
+    assert re.search(r"Today Date: \d\d \w{3} \d{4}\n", undated)
 
 
 def test_mistral_nemo_real_template():

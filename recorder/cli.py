@@ -353,6 +353,10 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     return 130 if result.interrupted else 0
 
 
+# The keys of tokengym.envs.PINNED_TOKENIZERS, written out so that --help does not import the envs.
+_PINNED_NAMES = "qwen3, qwen2.5, llama3_1, llama3_2, deepseek_v3, gemma3, mistral_nemo"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokengym", description="Token-in/token-out gymnasium environments for LLM agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -366,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
         "difference is named (turn and cause); 2 the transcript or template cannot be used (the error says why); "
         "3 a difference tokengym cannot name",
     )
-    c.add_argument("tokenizer", help="local folder, pinned name (qwen3, qwen2.5) or hub name")
+    c.add_argument("tokenizer", help=f"local folder, pinned name ({_PINNED_NAMES}) or hub name")
     c.add_argument("--conversation", required=True, help="JSON: a message list or {'messages': [...], 'tools': [...]}")
     c.add_argument("--tools", help="JSON file with the tool schemas (overrides the conversation's)")
     c.add_argument("--chat-template", help="Jinja file that replaces the tokenizer's template")
@@ -375,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_check_template)
 
     f = sub.add_parser("fetch-tokenizers", help="fetch the pinned, checksummed test tokenizers into the cache")
-    f.add_argument("names", nargs="*", help="default: all")
+    f.add_argument("names", nargs="*", help=f"pinned names, default all: {_PINNED_NAMES}")
     f.add_argument("--force", action="store_true")
     f.set_defaults(func=cmd_fetch_tokenizers)
 

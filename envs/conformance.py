@@ -19,7 +19,7 @@ message in ``warn`` mode, so the check never breaks ``step``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
@@ -53,7 +53,8 @@ class KnownBehaviour(str, Enum):
     """The template rewrites the line breaks around a kept ``<think>`` block and its content."""
     SYSTEM_MOVED = "system_moved"
     """The template renders the system prompt or the tools with the last user message, so they
-    move each time a user message is added (Mistral)."""
+    move each time a user message is added, or drops them once the last message is not a
+    user's (Mistral)."""
     WHITESPACE_AROUND_CONTROL_TOKEN = "whitespace_around_control_token"
     """The template strips or adds whitespace next to a control token (``| trim`` on content)."""
 
@@ -63,7 +64,7 @@ CAUSES: dict[str, str] = {
     KnownBehaviour.EMPTY_THINK_DROPPED.value: "empty think blocks are dropped from earlier assistant turns",
     KnownBehaviour.EMPTY_THINK_ADDED.value: "an empty think block is added to a final assistant turn",
     KnownBehaviour.THINK_RESPACED.value: "line breaks around a kept think block are rewritten",
-    KnownBehaviour.SYSTEM_MOVED.value: "the system prompt or the tools move to the last user message",
+    KnownBehaviour.SYSTEM_MOVED.value: "the system prompt or the tools move to the last user message (or vanish after it)",
     KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN.value: "whitespace next to a control token is stripped or added",
 }
 """Why a template is not prefix-stable, in words, per :class:`KnownBehaviour` value."""
@@ -211,20 +212,27 @@ def _dropped_everywhere(
     pieces: Sequence[Piece], final: bool
 ) -> list[tuple[tuple[KnownBehaviour, ...], tuple[int, ...], list[str]]]:
     """The stream as a DeepSeek-R1-style template writes it: every assistant turn in the history
-    keeps only the text after its last ``</think>`` (the final turn too, when it is history)."""
+    keeps only the text after its last ``</think>``, and the ``<think>`` that the generation
+    prompt opened before it is gone too (with the final turn as history, or kept)."""
     last_action = max((i for i, p in enumerate(pieces) if p.kind == "action"), default=-1)
     variants = []
-    for strip in (False, True):
-        texts = [p.text for p in pieces]
-        turns = set()
-        for i, p in enumerate(pieces):
-            if p.kind != "action" or "</think>" not in p.text or (i == last_action and final):
-                continue
-            rest = p.text.split("</think>")[-1]
-            texts[i] = rest.lstrip() if strip else rest
-            turns.add(p.turn)
-        if turns:
-            variants.append(((KnownBehaviour.REASONING_DROPPED,), tuple(sorted(turns)), texts))
+    for keep_last in (False, True):
+        for strip in (False, True):
+            texts = [p.text for p in pieces]
+            turns = set()
+            for i, p in enumerate(pieces):
+                if p.kind != "action" or "</think>" not in p.text or (keep_last and i == last_action and final):
+                    continue
+                rest = p.text.split("</think>")[-1]
+                texts[i] = rest.lstrip() if strip else rest
+                if i > 0 and pieces[i - 1].kind != "action":
+                    for opener in ("<think>\n", "<think>"):
+                        if texts[i - 1].endswith(opener):
+                            texts[i - 1] = texts[i - 1][: -len(opener)]
+                            break
+                turns.add(p.turn)
+            if turns:
+                variants.append(((KnownBehaviour.REASONING_DROPPED,), tuple(sorted(turns)), texts))
     return variants
 
 
@@ -265,7 +273,8 @@ def _moved_opening(messages: Sequence[Message], tools: Sequence[Any] | None, exp
     if user_at < 0 or stream_user_at < 0:
         return None
     for probe in probes:
-        if 0 <= actual.find(probe) < stream_user_at and expected.find(probe) > user_at:
+        # Moved to the last user message, or rendered only while the conversation ends with one.
+        if 0 <= actual.find(probe) < stream_user_at and (expected.find(probe) > user_at or probe not in expected):
             return probe
     return None
 
@@ -310,24 +319,37 @@ def check_conformance(
     *,
     turn: int,
     final: bool,
+    tool_calls: Mapping[int, Sequence[Mapping[str, Any]]] | None = None,
 ) -> Conformance:
     """Compare the stream (``pieces``) with the template's rendering of ``messages``.
 
     ``messages`` hold each assistant turn as the decoded text of the model's tokens. With
     ``final=False`` the stream ends with a generation prompt; with ``final=True`` it ends with
-    the last action.
+    the last action. ``tool_calls`` (message index -> the turn's parsed calls) is the second
+    form tried when the template refuses assistant turns as plain text (Mistral's counts a
+    message without ``tool_calls`` as a turn of its own): those turns then render as the
+    template renders parsed calls, as a server would.
     """
     notes = _notes(renderer, pieces, turn)
     try:
         expected = renderer.render_text(messages, tools, add_generation_prompt=not final)
     except TemplateError as err:
-        return Conformance(
-            turn=turn,
-            status="mismatch",
-            detail=f"turn {turn}: the chat template raised while rendering the whole conversation: {err}",
-            affected_turns=(turn,),
-            notes=notes,
-        )
+        try:
+            if not tool_calls:
+                raise
+            structured = [
+                {**m, "content": None, "tool_calls": list(tool_calls[i])} if i in tool_calls else m
+                for i, m in enumerate(messages)
+            ]
+            expected = renderer.render_text(structured, tools, add_generation_prompt=not final)
+        except TemplateError:
+            return Conformance(
+                turn=turn,
+                status="mismatch",
+                detail=f"turn {turn}: the chat template raised while rendering the whole conversation: {err}",
+                affected_turns=(turn,),
+                notes=notes,
+            )
     actual = "".join(p.text for p in pieces)
     if _matches(actual, expected, final, renderer.turn_end_text):
         return Conformance(turn=turn, status="ok", notes=notes)

@@ -220,6 +220,7 @@ class ChatRenderer:
         self.require_tools_in_prompt = require_tools_in_prompt
         self._histories: dict[str, str] = {}
         self._capabilities: dict[str, str | None] = {}
+        self._turn_controls: frozenset[str] | None = None
         self._probe()
 
     # ------------------------------------------------------------------ probing
@@ -274,26 +275,57 @@ class ChatRenderer:
         return list(self._plain_backend.encode(text, add_special_tokens=False).ids)
 
     def encode_action_text(self, text: str) -> list[int]:
-        """Tokenize text a model writes: control-token text stays text, while other added tokens
-        (``<tool_call>``, ``<think>``) are the single tokens a model emits for them."""
+        """Tokenize text a model writes: the control tokens that the template itself writes
+        inside an assistant turn (``<|tool_call|>``, ``[TOOL_CALLS]``, DeepSeek's call markers)
+        and non-special added tokens (``<tool_call>``, ``<think>``) are the single tokens a model
+        emits for them; any other control-token text (an end of turn inside the content) stays text."""
+        if self._action_backend is None:
+            self._action_backend = self._literal_backend(every_added=False, allowed=self.turn_control_texts)
         if not (self._special_re and self._special_re.search(text)):
             return self.encode(text)
-        if self._action_backend is None:
-            self._action_backend = self._literal_backend(every_added=False)
         return list(self._action_backend.encode(text, add_special_tokens=False).ids)
 
-    def _literal_backend(self, *, every_added: bool) -> Any:
+    @property
+    def turn_control_texts(self) -> frozenset[str]:
+        """Control-token texts the template writes inside an assistant turn (tool calls included),
+        the closing end-of-turn excepted."""
+        if self._turn_controls is None:
+            user = {"role": "user", "content": SENTINEL_USER}
+            call = {"id": PROBE_CALL_ID, "type": "function", "function": {"name": "tokengym_probe", "arguments": {"x": 1}}}
+            found: set[str] = set()
+            for message, tools in (
+                ({"role": "assistant", "content": SENTINEL_ASSISTANT}, None),
+                ({"role": "assistant", "content": SENTINEL_ASSISTANT, "tool_calls": [call]}, [PROBE_TOOL]),
+                ({"role": "assistant", "content": None, "tool_calls": [call]}, [PROBE_TOOL]),
+            ):
+                try:
+                    text = self.render_text([user, message], tools, add_generation_prompt=False)
+                except TemplateError:
+                    continue
+                turn = text[len(self._history(tools)) :] if text.startswith(self._history(tools)) else ""
+                if self._special_re is not None:
+                    found.update(m.group(0) for m in self._special_re.finditer(turn))
+            found -= {self.turn_end_text, self.generation_prompt.strip()}
+            found -= {str(self.tokenizer.convert_ids_to_tokens(i)) for i in self.stop_token_ids}
+            self._turn_controls = frozenset(t for t in found if t and t not in self.generation_prompt)
+        return self._turn_controls
+
+    def _literal_backend(self, *, every_added: bool, allowed: frozenset[str] = frozenset()) -> Any:
         """A private copy of the tokenizer that never matches special tokens (and, with
-        ``every_added``, no added token at all): the shared tokenizer is never mutated."""
+        ``every_added``, no added token at all) except those in ``allowed``: the shared
+        tokenizer is never mutated."""
         if self._backend is None:
             raise TemplateError("tokenizing special-token text as text needs a fast (tokenizers) tokenizer")
         from tokenizers import Tokenizer
 
         spec = self._backend.to_str()
-        if every_added:
+        if every_added or allowed:
             data = json.loads(spec)
             for token in data.get("added_tokens") or ():
-                token["special"] = True
+                if token.get("content") in allowed:
+                    token["special"] = False
+                elif every_added:
+                    token["special"] = True
             spec = json.dumps(data)
         backend = Tokenizer.from_str(spec)
         backend.encode_special_tokens = True
@@ -470,6 +502,8 @@ class ChatRenderer:
             # Ids and names steer templates that pair calls with results; the arguments are
             # rendered before the cut, and text in them must not look like an end of turn.
             assistant["tool_calls"] = [_without_arguments(c) for c in assistant_tool_calls]
+        if assistant_tool_calls and not self.turn_end_text:
+            self.require("tool_results")  # without an end-of-turn token the calls could land in the cut
         base = [{"role": "user", "content": SENTINEL_USER}, assistant]
         history = self._history(tools)
         bridge = self._render_ids(
@@ -520,6 +554,12 @@ class ChatRenderer:
             obs = self.observation(new, tools, **kwargs)
         except TemplateError as err:
             return str(err)
+        if construct == "tool_results" and not self.turn_end_text and obs.text != self.observation(new, tools).text:
+            return (
+                "the observation cut after the assistant turn would hold the assistant's own tool calls: the "
+                f"template prints them after its content and closes the turn without an end-of-turn token "
+                f"({self.turn_end_text!r}) to cut at"
+            )
         if sentinel not in obs.text:
             return (
                 "the message's content is missing from the observation cut after the assistant turn "
@@ -528,6 +568,16 @@ class ChatRenderer:
             )
         return None
 
+
+    def _opened_think(self, prefix: str, text: str, tools: Sequence[Any] | None) -> int | None:
+        """Where the assistant turn starts in ``text`` when the generation prompt (the end of
+        ``prefix``) adds an opening ``<think>`` that the rendered turn lacks; else ``None``."""
+        history = self._history(tools)
+        for opener in ("<think>\n", "<think>"):
+            at = len(prefix) - len(opener)
+            if prefix.endswith(opener) and at >= len(history) and text.startswith(prefix[:at]):
+                return at
+        return None
 
     def assistant(self, message: Message, tools: Sequence[Any] | None = None) -> Rendered:
         """The tokens a model produces for ``message`` after the generation prompt, end-of-turn included.
@@ -542,8 +592,14 @@ class ChatRenderer:
         prefix = self.render_text([user], tools, add_generation_prompt=True)
 
         text = self.render_text([user, message], tools, add_generation_prompt=False)
+        lead = ""
         if text.startswith(prefix):
             start = len(prefix)
+        elif (opened := self._opened_think(prefix, text, tools)) is not None:
+            # The generation prompt opens a think block that history does not show (DeepSeek R1):
+            # the model writes its reasoning, closes the block, then the turn as history has it.
+            start = opened
+            lead = str(message.get("reasoning_content") or "").strip("\n") + "\n</think>\n\n"
         else:  # the template's opening depends on the conversation: find the turn's start itself
             found = text.find(self.generation_prompt, text.find(SENTINEL_USER))
             if found < 0 or not self.generation_prompt:
@@ -563,6 +619,8 @@ class ChatRenderer:
                     "assistant turn with the same end-of-turn token (e.g. tokengym.envs.templates.CHATML_TOOLS)"
                 )
             end = found
+        text = text[:start] + lead + text[start:]
+        end += len(lead)
         # What the model writes: control-token text stays text (only the closing end-of-turn is
         # one); other added tokens (<tool_call>, <think>) are the tokens a model emits for them.
         return Rendered(

@@ -86,6 +86,9 @@ class Family:
     # The template prints calls only for ``content: None``, a key some transformers versions
     # drop before rendering (5.24 does, 5.5 does not): see :func:`drops_none_keys`.
     needs_none_content: bool = False
+    # Control tokens of the family's own tokenizer that the paired (pinned) tokenizer lacks: added
+    # to a copy of it as special tokens, as the family's tokenizer has them.
+    extra_special_tokens: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.prefix_stable == (self.non_prefix_stable_cause is not None):
@@ -646,9 +649,11 @@ TEMPLATE_FAMILIES: tuple[Family, ...] = (
         parser="granite",
         prefix_stable=True,
         call_markers=("<|tool_call|>[{", '"arguments": '),
-        control_tokens=(),
+        control_tokens=("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<|tool_call|>"),
         prints_call_content=True,
-        notes="no pinned tokenizer has Granite's role tokens: on qwen2.5 they are text",
+        extra_special_tokens=("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<|tool_call|>"),
+        notes="no pinned tokenizer has Granite's role tokens: they are added to a copy of qwen2.5 as special "
+        "tokens, as Granite's own tokenizer has them",
     ),
 )
 
@@ -730,11 +735,23 @@ REAL_FAMILIES: tuple[Family, ...] = (
 FAMILIES: tuple[Family, ...] = TEMPLATE_FAMILIES + REAL_FAMILIES
 
 
+_WITH_EXTRA: dict[str, Any] = {}
+
+
 def tokenizer_for(fam: Family) -> Any:
-    """The real tokenizer ``fam`` pairs with, loaded once per test session."""
+    """The real tokenizer ``fam`` pairs with, loaded once per test session (a copy with the
+    family's missing control tokens added, when it has any)."""
     from conftest import real_tokenizer
 
-    return real_tokenizer(fam.tokenizer)
+    if not fam.extra_special_tokens:
+        return real_tokenizer(fam.tokenizer)
+    if fam.name not in _WITH_EXTRA:
+        import copy
+
+        tok = copy.deepcopy(real_tokenizer(fam.tokenizer))
+        tok.add_special_tokens({"additional_special_tokens": list(fam.extra_special_tokens)})
+        _WITH_EXTRA[fam.name] = tok
+    return _WITH_EXTRA[fam.name]
 
 
 def family(name: str) -> Family:

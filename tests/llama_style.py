@@ -6,6 +6,8 @@ the message has tool calls.
 """
 
 LLAMA_STYLE_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou can call these functions:\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
     "{% for m in messages %}"
     "{% if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n"
     "{% for c in m.tool_calls %}{% set f = c.function if c.function else c %}"

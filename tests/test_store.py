@@ -414,9 +414,11 @@ def _crash_and_resume(store: Path, tok, delays: list[float | None]) -> int:
     reference = play(RecordEpisodes(ReplayEnv(tok)), 0)
     count = mid_write = 0
     for delay in delays:  # each run resumes the store the previous run was killed in
+        in_shards = len(shard_paths(store)) * SHARD if store.exists() else 0
         mid_write += _run_and_kill(store, count, new_shards=3, delay=delay)
         got = _check_store(store, reference, tok)
-        assert got >= count + 3 * SHARD
+        # The killed writer's episode log is read too: more than its shards may hold.
+        assert got >= max(count, in_shards + 3 * SHARD)
         count = got
     # A readable store even with a killed writer's temp file still there; the next writer removes it.
     (store / ".part-99999.parquet.1.tmp").write_bytes(b"PAR1 half a shard")

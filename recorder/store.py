@@ -125,6 +125,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .segments import Segment, SegmentKind
+from .stopping import uninterrupted
 from .trajectory import Trajectory
 
 try:  # advisory locking is POSIX-only; elsewhere a second writer is simply not detected
@@ -841,7 +842,7 @@ class TrajectoryWriter:
             raise TypeError(f"expected a Trajectory, got {type(trajectory).__name__}")
         row = self._row(trajectory)
         record = _encode_row(row)
-        with self._mutex:
+        with self._mutex, uninterrupted():  # a stop signal waits until the bookkeeping is done
             if self._closed:
                 raise StoreError(f"{self.directory}: the writer is closed")
             self._append(record)
@@ -1046,7 +1047,8 @@ class TrajectoryWriter:
                     raise StoreError(f"{self.directory}: the writer is closed")
                 return None
             self._sync()
-            return self._compact()
+            with uninterrupted():
+                return self._compact()
 
     @property
     def pending(self) -> int:
@@ -1071,7 +1073,7 @@ class TrajectoryWriter:
         """
         if self._closed:
             return
-        with self._mutex:
+        with self._mutex, uninterrupted():
             self._wake.set()
             try:
                 self._sync()

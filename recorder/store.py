@@ -443,8 +443,10 @@ def _json(value: Any, what: str) -> str:
 # ----------------------------------------------------------------- episode log
 # A log file is a header line pair (magic, then JSON facts) and records. A record is
 # ``TGR1`` + payload length (u32) + CRC32 of the payload (u32) + payload; the payload is
-# u32 length of a JSON object + the object (every column but the arrays) + token ids
-# (int32), mask (int8), logprob values (float32) and "logprob given" flags (uint8).
+# u32 length of a JSON object + the object (the small columns, token count, segment kinds,
+# turn count, byte lengths of the JSON-text columns) + those texts (UTF-8) + segment
+# (start, end, turn) triples (int32) + turn rewards (float64) + token ids (int32), mask
+# (int8), logprob values (float32) and "logprob given" flags (uint8); all little-endian.
 _LOG_MAGIC = b"TGLOG1\n"
 _REC_MAGIC = b"TGR1"
 _REC_HEAD = struct.Struct("<4sII")
@@ -477,15 +479,31 @@ def _log_header(meta: dict[str, Any]) -> bytes:
     return _LOG_MAGIC + json.dumps(meta, sort_keys=True).encode() + b"\n"
 
 
+# Columns that hold JSON text already: stored as raw UTF-8, not escaped into the record's JSON again.
+_RAW_TEXT = ("sampling", "conformance", "conformance_summary", "metadata")
+
+
+_KIND_CODE = {"prompt": "p", "action": "a", "observation": "o"}
+_CODE_KIND = {v: k for k, v in _KIND_CODE.items()}
+
+
 def _encode_row(row: dict[str, Any]) -> bytes:
     values, given = row["logprobs"]
-    meta = {k: v for k, v in row.items() if k not in ("token_ids", "mask", "logprobs")}
+    segs = row["segments"]
+    meta = {k: v for k, v in row.items() if k not in ("token_ids", "mask", "logprobs", "segments", "turn_rewards", *_RAW_TEXT)}
+    texts = [None if row[k] is None else row[k].encode("utf-8") for k in _RAW_TEXT]
     meta["n"] = len(row["token_ids"])
+    meta["kinds"] = "".join(_KIND_CODE[s["kind"]] for s in segs)
+    meta["turns"] = len(row["turn_rewards"])
+    meta["text"] = [None if t is None else len(t) for t in texts]
     head = json.dumps(meta, ensure_ascii=False).encode("utf-8")
     payload = b"".join(
         [
             _U32.pack(len(head)),
             head,
+            *(t for t in texts if t is not None),
+            np.array([(s["start"], s["end"], s["turn"]) for s in segs], dtype="<i4").tobytes(),
+            np.array(row["turn_rewards"], dtype="<f8").tobytes(),
             np.ascontiguousarray(row["token_ids"], dtype="<i4").tobytes(),
             np.ascontiguousarray(row["mask"], dtype="i1").tobytes(),
             np.ascontiguousarray(values, dtype="<f4").tobytes(),
@@ -498,8 +516,18 @@ def _encode_row(row: dict[str, Any]) -> bytes:
 def _decode_payload(payload: bytes) -> dict[str, Any]:
     (hlen,) = _U32.unpack_from(payload, 0)
     row = json.loads(payload[4 : 4 + hlen].decode("utf-8"))
-    n = row.pop("n")
+    n, kinds, turns = row.pop("n"), row.pop("kinds"), row.pop("turns")
     at = 4 + hlen
+    for key, size in zip(_RAW_TEXT, row.pop("text")):
+        row[key] = None if size is None else payload[at : at + size].decode("utf-8")
+        at += size or 0
+    spans = np.frombuffer(payload, "<i4", 3 * len(kinds), at).reshape(-1, 3).tolist()
+    at += 12 * len(kinds)
+    row["segments"] = [
+        {"kind": _CODE_KIND[k], "start": a, "end": b, "turn": t} for k, (a, b, t) in zip(kinds, spans)
+    ]
+    row["turn_rewards"] = np.frombuffer(payload, "<f8", turns, at).tolist()
+    at += 8 * turns
     ids = np.frombuffer(payload, "<i4", n, at)
     mask = np.frombuffer(payload, "i1", n, at + 4 * n)
     values = np.frombuffer(payload, "<f4", n, at + 5 * n)
@@ -925,18 +953,25 @@ class TrajectoryWriter:
         self._syncer.start()
 
     def _sync(self, quiet: bool = False) -> None:
-        """fsync the log if anything was appended since the last fsync."""
+        """fsync the log if anything was appended since the last fsync.
+
+        The fsync runs on a duplicate of the log's descriptor, outside the lock, so writes go on
+        meanwhile (and a compaction that closes the log cannot hand its number to another file).
+        """
         with self._mutex:
             if not self._dirty or self._log_fd is None:
                 return
-            try:
-                os.fsync(self._log_fd)
-            except OSError as err:
-                if not quiet:
-                    raise self._write_error(err, "the log could not be fsynced") from err
-                warnings.warn(f"{self.directory}: fsync of the episode log failed ({err})", StoreWarning, stacklevel=1)
-                return
+            fd = os.dup(self._log_fd)
             self._dirty = False
+        try:
+            os.fsync(fd)
+        except OSError as err:
+            self._dirty = True
+            if not quiet:
+                raise self._write_error(err, "the log could not be fsynced") from err
+            warnings.warn(f"{self.directory}: fsync of the episode log failed ({err})", StoreWarning, stacklevel=1)
+        finally:
+            os.close(fd)
 
     def _row(self, t: Trajectory) -> dict[str, Any]:
         ids = t.token_ids

@@ -204,7 +204,7 @@ class _Slot:
     def step(self, gen: Generation) -> Any:
         """``env.step`` with the generation; an exception is returned, not raised."""
         try:
-            return self.env.step(gen.token_ids, logprobs=gen.logprobs)
+            return self.env.step(gen.token_ids, logprobs=gen.logprobs, finish_reason=gen.finish_reason)
         except Exception as err:
             return err
 

@@ -21,7 +21,7 @@ those, so they all see the shards only: ``pandas.read_parquet("runs/grpo-0")``,
 readers (:func:`read_trajectories`, :func:`read_table`, ``tokengym inspect``) see it as soon
 as :meth:`TrajectoryWriter.write` returned.
 
-Schema (``SCHEMA_VERSION = 1``), one row per trajectory, columns in this order:
+Schema (``SCHEMA_VERSION = 2``), one row per trajectory, columns in this order:
 
 ===================  ==========================  =================================================
 column               type                        meaning
@@ -37,6 +37,10 @@ segments             list<struct<                the segments in order: ``kind``
                      start: int32, end: int32,   indexes ``token_ids``; ``turn`` is the turn
                      turn: int32>>               (0 for the prompt)
 turn_rewards         list<float64>               reward of each turn, in turn order
+finish_reasons       list<string>                why each turn's generation stopped, in turn
+                                                 order: ``stop`` (a stop token), ``stop_string``,
+                                                 ``length`` (cut by the token budget); null where
+                                                 unknown (added in version 2)
 reward               float64                     the episode return (``Trajectory.reward``)
 prompt_len           int32                       tokens in the prompt segment
 env_id               string, nullable            gymnasium id, e.g. ``tokengym/Replay-v0``
@@ -54,7 +58,9 @@ schema_version       int32                       ``SCHEMA_VERSION`` of the write
 ===================  ==========================  =================================================
 
 ``turn_rewards`` is float64 (not float32) so that the reward an env returned comes back
-bit for bit. A logprob that the policy gave as NaN is stored as NaN, not null: null means
+bit for bit. Stores of schema version 1 (no ``finish_reasons`` column) stay readable: their
+trajectories have unknown finish reasons, and a writer may append version-2 shards to
+them. A logprob that the policy gave as NaN is stored as NaN, not null: null means
 "no logprob was given". Each shard's Parquet key-value metadata holds ``tokengym`` = a
 JSON object with ``schema_version``, ``tokenizer_name`` and ``tokenizer_hash``; the
 manifest holds the same plus ``format`` and ``vocab_size``.
@@ -157,7 +163,9 @@ __all__ = [
     "tokenizer_fingerprint",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Schema versions this tokengym reads (version 1 lacks ``finish_reasons``)."""
 FORMAT = "tokengym-trajectories"
 MANIFEST_NAME = ".tokengym.json"
 LOCK_NAME = ".tokengym.lock"
@@ -178,6 +186,7 @@ SCHEMA = pa.schema(
         ("logprobs", pa.list_(pa.float32())),
         ("segments", pa.list_(SEGMENT_TYPE)),
         ("turn_rewards", pa.list_(pa.float64())),
+        ("finish_reasons", pa.list_(pa.string())),
         ("reward", pa.float64()),
         ("prompt_len", pa.int32()),
         ("env_id", pa.string()),
@@ -196,6 +205,20 @@ SCHEMA = pa.schema(
 )
 
 _INT32_MAX = 2**31 - 1
+
+
+def _schema_of(version: int) -> pa.Schema:
+    """The columns a shard of schema ``version`` has."""
+    return SCHEMA if version >= 2 else pa.schema([f for f in SCHEMA if f.name != "finish_reasons"])
+
+
+def _upgrade(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
+    """A batch of an older shard with the columns it lacks added as nulls, in ``columns`` order."""
+    arrays = [
+        batch.column(name) if name in batch.schema.names else pa.nulls(batch.num_rows, SCHEMA.field(name).type)
+        for name in columns
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([SCHEMA.field(c) for c in columns]))
 
 
 # ---------------------------------------------------------------------- errors
@@ -361,14 +384,15 @@ def _read_manifest(root: Path) -> dict[str, Any] | None:
 
 
 def _check_version(version: Any, where: Path) -> None:
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         hint = (
             "it was written by a newer tokengym: upgrade to read it"
             if isinstance(version, int) and version > SCHEMA_VERSION
             else "it is not a schema this tokengym knows"
         )
         raise SchemaVersionError(
-            f"{where}: schema version {version!r}, but this tokengym reads version {SCHEMA_VERSION}; {hint}"
+            f"{where}: schema version {version!r}, but this tokengym reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}; {hint}"
         )
 
 
@@ -398,7 +422,9 @@ def _open_shard(path: Path) -> tuple[pq.ParquetFile, _ShardInfo]:
             raise CorruptShardError(f"{path}: a Parquet file without tokengym metadata, not a trajectory shard")
         _check_version(meta.get("schema_version"), path)
         have = pf.schema_arrow
-        wrong = [f.name for f in SCHEMA if f.name not in have.names or have.field(f.name).type != f.type]
+        wrong = [
+            f.name for f in _schema_of(meta["schema_version"]) if f.name not in have.names or have.field(f.name).type != f.type
+        ]
         if wrong:
             raise CorruptShardError(f"{path}: columns missing or of another type than the schema's: {wrong}")
     except BaseException:
@@ -527,6 +553,7 @@ def _decode_payload(payload: bytes) -> dict[str, Any]:
         {"kind": _CODE_KIND[k], "start": a, "end": b, "turn": t} for k, (a, b, t) in zip(kinds, spans)
     ]
     row["turn_rewards"] = np.frombuffer(payload, "<f8", turns, at).tolist()
+    row.setdefault("finish_reasons", [None] * turns)
     at += 8 * turns
     ids = np.frombuffer(payload, "<i4", n, at)
     mask = np.frombuffer(payload, "i1", n, at + 4 * n)
@@ -1000,6 +1027,7 @@ class TrajectoryWriter:
             "logprobs": (values, given),
             "segments": segments,
             "turn_rewards": [float(a.reward) for a in t.actions],
+            "finish_reasons": [a.finish_reason for a in t.actions],
             "reward": float(t.reward),
             "prompt_len": int(t.prompt_len),
             "env_id": t.env_id,
@@ -1298,8 +1326,10 @@ def _store_batches(
         with pf:
             try:
                 first = 0
-                for batch in pf.iter_batches(batch_size=batch_size, columns=columns):
-                    yield batch, info.path, first
+                want = columns if columns is not None else SCHEMA.names
+                have = [c for c in want if c in _schema_of(info.schema_version).names]
+                for batch in pf.iter_batches(batch_size=batch_size, columns=have):
+                    yield (batch if have == want else _upgrade(batch, want)), info.path, first
                     first += batch.num_rows
             except StoreError:
                 raise
@@ -1430,8 +1460,10 @@ def _decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Tra
     rows = batch.drop_columns(["token_ids", "mask", "logprobs"]).to_pylist()
     for r, row in enumerate(rows):
         where = f"{path}: row {first + r}"
-        if row["schema_version"] != SCHEMA_VERSION:
-            raise SchemaVersionError(f"{where}: schema version {row['schema_version']!r}, expected {SCHEMA_VERSION}")
+        if row["schema_version"] not in READABLE_VERSIONS:
+            raise SchemaVersionError(
+                f"{where}: schema version {row['schema_version']!r}, expected one of {READABLE_VERSIONS}"
+            )
         ids = ids_all[ids_off[r] : ids_off[r + 1]].astype(np.int64)
         mask = mask_all[mask_off[r] : mask_off[r + 1]]
         lp = lp_all[lp_off[r] : lp_off[r + 1]]
@@ -1451,6 +1483,9 @@ def _decode_row(
 ) -> Trajectory:
     """One row back into a Trajectory, checking it against its own segments."""
     rewards = row["turn_rewards"] or []
+    finish = row.get("finish_reasons")
+    if finish is not None and len(finish) != len(rewards):
+        raise CorruptShardError(f"{len(finish)} finish reasons for {len(rewards)} turn rewards")
     segments: list[Segment] = []
     pos = 0
     for s in row["segments"] or []:
@@ -1475,7 +1510,8 @@ def _decode_row(
             reward = rewards[turn]
         elif given[start:end].any():
             raise CorruptShardError(f"{kind.value} segment [{start}, {end}) carries logprobs")
-        segments.append(Segment(kind, ids[start:end], turn, logprobs=logprobs, reward=reward))
+        reason = finish[turn] if finish is not None and kind is SegmentKind.ACTION else None
+        segments.append(Segment(kind, ids[start:end], turn, logprobs=logprobs, reward=reward, finish_reason=reason))
     if pos != len(ids):
         raise CorruptShardError(f"segments cover {pos} of {len(ids)} tokens")
     traj = Trajectory(

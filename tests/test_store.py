@@ -238,14 +238,15 @@ def test_refuses_unknown_schema_version(episodes25, qwen25, tmp_path):
     for attempt in (lambda: TrajectoryWriter(tmp_path, tokenizer=qwen25), lambda: list(read_trajectories(tmp_path))):
         with pytest.raises(SchemaVersionError, match=r"\.tokengym\.json: schema version 99.*newer tokengym"):
             attempt()
-    # A shard written by a future version, in a store whose manifest says 1.
+    # A shard written by a future version, in a store whose manifest says the current one.
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(manifest))
     shard = tmp_path / "part-00000.parquet"
     table = pq.read_table(shard)
     meta = json.loads(table.schema.metadata[b"tokengym"])
-    pq.write_table(table.replace_schema_metadata({b"tokengym": json.dumps({**meta, "schema_version": 2})}), shard)
+    future = SCHEMA_VERSION + 1
+    pq.write_table(table.replace_schema_metadata({b"tokengym": json.dumps({**meta, "schema_version": future})}), shard)
     for attempt in (lambda: TrajectoryWriter(tmp_path, tokenizer=qwen25), lambda: read_table(tmp_path)):
-        with pytest.raises(SchemaVersionError, match=r"part-00000.parquet: schema version 2"):
+        with pytest.raises(SchemaVersionError, match=rf"part-00000.parquet: schema version {future}"):
             attempt()
 
 

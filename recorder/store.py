@@ -116,6 +116,7 @@ import os
 import re
 import struct
 import threading
+import time
 import warnings
 import weakref
 import zlib
@@ -600,7 +601,8 @@ def _read_log(path: Path) -> _Log:
                 break  # the last record was cut short, or the file ends in zeros (power loss)
             raise CorruptShardError(
                 f"{path}: damaged record at byte {pos} of {len(data)} (checksum mismatch, not a torn end); "
-                "the records before it are intact"
+                "the records before it are intact: keep a copy of the file, then cut it at that byte "
+                f"(truncate -s {pos} {path.name}) to keep them and drop the rest"
             )
         try:
             rows.append(_decode_payload(body))
@@ -1234,46 +1236,52 @@ class _Snapshot:
 def _snapshot(directory: str | os.PathLike[str], tokenizer: Any, chat_template: Any) -> _Snapshot:
     """The store's shards and logs, checked against the manifest's shard list.
 
-    A log is read whole here, so a writer that compacts it meanwhile cannot take it away;
-    if it vanished between listing and reading, its shard is listed by then: look again.
+    A live writer may compact while we look (rename a shard, list it, remove its log): a
+    listing that disagrees with the manifest, or a log that vanished, is looked at again
+    before it counts as an error. A log is read whole here, so it cannot vanish later.
     """
     root = Path(directory)
     want = None
     if tokenizer is not None:
         want = (_display_name(tokenizer), tokenizer_fingerprint(tokenizer, chat_template))
-    for _ in range(20):
-        shards = shard_paths(root)  # FileNotFoundError when not a directory
-        manifest = _read_manifest(root)
-        logs = {_index(p): p for p in log_paths(root)}
-        if want is not None and manifest is not None and manifest.get("tokenizer_hash") != want[1]:
-            raise _mismatch(
-                root / MANIFEST_NAME, str(manifest.get("tokenizer_name")), str(manifest.get("tokenizer_hash")), *want
-            )
-        listed = None
-        if manifest is not None and isinstance(manifest.get("shards"), list):
-            listed = {e["name"]: e for e in manifest["shards"]}
-            on_disk = {p.name for p in shards}
-            for name, entry in listed.items():
-                if name not in on_disk:
-                    raise ShardListError(
-                        f"{root / name}: listed in the manifest ({entry['rows']} trajectories) but missing; "
-                        f"{_repair_hint(root)}"
-                    )
-            for p in shards:
-                if p.name not in listed and _index(p) not in logs:
-                    raise ShardListError(
-                        f"{p}: a shard the manifest does not list (not written by this store's writers); move it "
-                        f"away, or {_repair_hint(root).replace('restore the file, or ', '')}"
-                    )
-        shard_index = {_index(p) for p in shards}
+    for attempt in range(5):
         try:
-            read = [_read_log(p) for i, p in sorted(logs.items()) if i not in shard_index]
-        except FileNotFoundError:
-            continue  # compacted while we looked: the shard is there now
-        if manifest is not None and want is None:
-            want = (str(manifest.get("tokenizer_name")), str(manifest.get("tokenizer_hash")))
-        return _Snapshot(root, manifest, shards, [log for log in read if log.rows], want)
-    raise StoreError(f"{root}: the store kept changing while it was read; try again")  # pragma: no cover
+            return _snapshot_once(root, want)
+        except (ShardListError, FileNotFoundError):
+            if attempt == 4 or not root.is_dir():
+                raise
+            time.sleep(0.02 * (attempt + 1))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _snapshot_once(root: Path, want: tuple[str, str] | None) -> _Snapshot:
+    manifest = _read_manifest(root)
+    shards = shard_paths(root)  # FileNotFoundError when not a directory
+    logs = {_index(p): p for p in log_paths(root)}
+    if want is not None and manifest is not None and manifest.get("tokenizer_hash") != want[1]:
+        raise _mismatch(
+            root / MANIFEST_NAME, str(manifest.get("tokenizer_name")), str(manifest.get("tokenizer_hash")), *want
+        )
+    if manifest is not None and isinstance(manifest.get("shards"), list):
+        listed = {e["name"]: e for e in manifest["shards"]}
+        on_disk = {p.name for p in shards}
+        for name, entry in listed.items():
+            if name not in on_disk:
+                raise ShardListError(
+                    f"{root / name}: listed in the manifest ({entry['rows']} trajectories) but missing; "
+                    f"{_repair_hint(root)}"
+                )
+        for p in shards:
+            if p.name not in listed and _index(p) not in logs:
+                raise ShardListError(
+                    f"{p}: a shard the manifest does not list (not written by this store's writers); move it "
+                    f"away, or {_repair_hint(root).replace('restore the file, or ', '')}"
+                )
+    shard_index = {_index(p) for p in shards}
+    read = [_read_log(p) for i, p in sorted(logs.items()) if i not in shard_index]  # FileNotFoundError: compacted
+    if manifest is not None and want is None:
+        want = (str(manifest.get("tokenizer_name")), str(manifest.get("tokenizer_hash")))
+    return _Snapshot(root, manifest, shards, [log for log in read if log.rows], want)
 
 
 def _shard_sources(snap: _Snapshot) -> Iterator[tuple[pq.ParquetFile, _ShardInfo]]:

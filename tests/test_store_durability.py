@@ -391,3 +391,35 @@ def test_sigkilled_writers_lose_nothing_that_was_reported(qwen25, tmp_path):
 @pytest.mark.slow
 def test_twenty_four_sigkills_at_random_moments(qwen25, tmp_path):
     assert kill_rounds(tmp_path / "store", qwen25, rounds=24, rng=random.Random(7)) >= 24
+
+
+def test_readers_never_see_a_half_compacted_store_while_a_writer_runs(qwen25, tmp_path):
+    import threading
+
+    trajs = episodes(qwen25, range(4))
+    writer = TrajectoryWriter(tmp_path, tokenizer=qwen25, shard_size=2)
+    done = threading.Event()
+    written = []
+
+    def write_many():
+        try:
+            for i in range(120):
+                writer.write(trajs[i % 4])
+                written.append(i)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=write_many)
+    thread.start()
+    seen = []
+    try:
+        while not done.is_set():
+            floor = len(written)  # every write that returned before this read must be in it
+            n = read_table(tmp_path, columns=["seed"]).num_rows
+            assert n >= floor
+            seen.append(n)
+    finally:
+        thread.join()
+        writer.close()
+    assert seen == sorted(seen) and len(seen) > 3, seen  # never fewer than before, never an error
+    assert read_table(tmp_path).num_rows == 120

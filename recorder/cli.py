@@ -2,7 +2,10 @@
 
 ``tokengym check-template`` tells in seconds whether a tokenizer's chat template can be
 used token-faithfully for a real conversation, turn by turn; ``tokengym demo`` records a
-multi-turn tool episode and shows its tokens and masks.
+multi-turn tool episode and shows its tokens and masks; ``tokengym rollout`` records a run
+into a store, continuing it when run again (exit status: 0 all finished, 3 some episodes
+failed, 130 stopped by Ctrl-C or SIGTERM, 2 refused or bad arguments, 1 the run could not go
+on; see :data:`ROLLOUT_EXIT_CODES`).
 """
 
 from __future__ import annotations
@@ -177,7 +180,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"  tokengym inspect {args.out}")
     print("  tokengym check-template qwen3 --conversation YOUR_TRANSCRIPT.json")
     print("  tokengym envs")
-    return 130 if result.interrupted else 0
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_EPISODES_FAILED if result.stats.failed else EXIT_OK
 
 
 def _demo_replay(args: argparse.Namespace) -> int:

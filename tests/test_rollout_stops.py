@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from tokengym.envs import CalculatorEnv, ReplayEnv
+from tokengym.envs import CalculatorEnv
 from tokengym.policies import ScriptedPolicy
 from tokengym.recorder import TrajectoryWriter, read_trajectories, rollout, summary_table
 from tokengym.recorder.rollout import EpisodeError

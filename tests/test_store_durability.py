@@ -280,6 +280,50 @@ def test_a_full_disk_is_a_clear_error_and_a_retry_stores_once(qwen25, tmp_path):
     assert check_exact(store, qwen25, reference) == list(range(12))  # none twice, none lost
 
 
+CLOSE_FULL_CHILD = """
+import resource, signal, sys
+import numpy as np
+from tokengym.envs import ReplayEnv, load_tokenizer
+from tokengym.recorder import RecordEpisodes
+from tokengym.recorder.store import StoreError, TrajectoryWriter
+
+{play}
+
+tok, store = load_tokenizer(sys.argv[1]), sys.argv[2]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+env = RecordEpisodes(ReplayEnv(tok))
+writer = TrajectoryWriter(store, tokenizer=tok, shard_size=1000)
+for seed in range(5):
+    writer.write(play(env, seed))
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, hard))  # the shard will not fit
+try:
+    writer.close()
+except StoreError as err:
+    print("CLOSE FAILED", err, flush=True)
+print("closed", writer.closed, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_shard_that_does_not_fit_at_close_leaves_everything_in_the_log(qwen25, tmp_path):
+    store = tmp_path / "store"
+    code = CLOSE_FULL_CHILD.format(play=textwrap.dedent(inspect.getsource(play)))
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(fetch_tokenizer("qwen2.5")), str(store)], capture_output=True, text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CLOSE FAILED" in proc.stdout and "no space left" in proc.stdout and "closed True" in proc.stdout
+    assert "its 5 trajectories since the last shard are safe in the episode log" in proc.stdout
+    assert not shard_paths(store) and not [p for p in os.listdir(store) if p.endswith(".tmp")]
+    reference = play(RecordEpisodes(ReplayEnv(qwen25)), 0)
+    assert check_exact(store, qwen25, reference) == list(range(5))  # readable from the log
+    with TrajectoryWriter(store, tokenizer=qwen25) as writer:  # room again: the next writer compacts them
+        assert writer.recovered == 5
+    assert [pq.ParquetFile(p).metadata.num_rows for p in shard_paths(store)] == [5] and not log_paths(store)
+
+
 # ---------------------------------------------------------------- SIGKILL
 # A long-lived parent process imports tokengym once and forks one writer process per round;
 # the test SIGKILLs the writer. Each writer prints a trajectory's seed once ``write`` returned.

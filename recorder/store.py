@@ -63,7 +63,11 @@ trajectories have unknown finish reasons, and a writer may append version-2 shar
 them. A logprob that the policy gave as NaN is stored as NaN, not null: null means
 "no logprob was given". Each shard's Parquet key-value metadata holds ``tokengym`` = a
 JSON object with ``schema_version``, ``tokenizer_name`` and ``tokenizer_hash``; the
-manifest holds the same plus ``format`` and ``vocab_size``.
+manifest holds the same plus ``format``, ``vocab_size``, ``shards`` (one
+``{"name", "rows", "bytes", "sha256"}`` per shard, in order) and, when the writer was given
+one, ``run`` (the run's settings, e.g. ``tokengym rollout``'s env, sampling and seed). The
+episode log's header holds the same three facts as a shard's metadata, and each record one
+trajectory in a compact binary form (see ``_encode_row``) with a CRC32.
 
 Guarantees and refusals:
 

@@ -9,13 +9,14 @@ from .batches import (
     to_trl,
     to_verl,
 )
-from .rollout import RolloutResult, RolloutStats, rollout, summary_table
+from .rollout import EpisodeError, RolloutResult, RolloutStats, rollout, summary_table
 from .segments import Segment, SegmentKind
 from .store import TrajectoryWriter, read_table, read_trajectories, tokenizer_fingerprint
 from .trajectory import Trajectory, summarize_conformance
 from .wrapper import RecordEpisodes
 
 __all__ = [
+    "EpisodeError",
     "PackedBatch",
     "RecordEpisodes",
     "RolloutResult",

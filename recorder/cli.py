@@ -2,7 +2,10 @@
 
 ``tokengym check-template`` tells in seconds whether a tokenizer's chat template can be
 used token-faithfully for a real conversation, turn by turn; ``tokengym demo`` records a
-multi-turn tool episode and shows its tokens and masks.
+multi-turn tool episode and shows its tokens and masks; ``tokengym rollout`` records a run
+into a store, continuing it when run again (exit status: 0 all finished, 3 some episodes
+failed, 130 stopped by Ctrl-C or SIGTERM, 2 refused or bad arguments, 1 the run could not go
+on; see :data:`ROLLOUT_EXIT_CODES`).
 """
 
 from __future__ import annotations
@@ -192,7 +195,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"  tokengym inspect {args.out}")
     print("  tokengym check-template qwen3 --conversation YOUR_TRANSCRIPT.json")
     print("  tokengym envs")
-    return 130 if result.interrupted else 0
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_EPISODES_FAILED if result.stats.failed else EXIT_OK
 
 
 def _demo_replay(args: argparse.Namespace) -> int:
@@ -335,22 +340,114 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         backend, env_tokenizer = "local", tokenizer
         policy = _policy_factory(args, engine_kwargs, tokenizer)()
     env_kwargs = {"tokenizer": env_tokenizer, "max_turns": args.max_turns}
+    policy_spec: dict[str, Any] = {"kind": args.policy, "model": args.model}
+    if args.policy == "scripted":
+        policy_spec["replies"] = list(args.reply)
+    run = {
+        "env_id": args.env_id,
+        "env_kwargs": {"max_turns": args.max_turns},
+        "policy": policy_spec,
+        "sampling": sampling.as_dict(),
+        "seed": args.seed,
+    }
     try:
-        with TrajectoryWriter(args.out, tokenizer=tokenizer) as writer:
+        with TrajectoryWriter(args.out, tokenizer=tokenizer, run=run) as writer:
+            ids, note = _plan_episodes(args, _stored_episodes(writer.directory))
+            print(note, flush=True)
+            if not ids:
+                return EXIT_OK
             result = rollout(
-                args.env_id, policy, episodes=args.episodes, concurrency=args.concurrency, sampling=sampling,
+                args.env_id, policy, episodes=ids, concurrency=args.concurrency, sampling=sampling,
                 seed=args.seed, env_kwargs=env_kwargs, on_episode=writer.write, progress=not args.quiet,
                 backend=backend,
             )
     except stopped as err:
         print(summary_table(err.result.stats))  # type: ignore[attr-defined]
         print(f"tokengym rollout: error: {err} (in {args.out})", file=sys.stderr)
-        return 1
+        return EXIT_RUN_STOPPED
     print(summary_table(result.stats))
     print(f"\n{len(result.trajectories)} trajectories written to {args.out}")
     if result.interrupted:
-        print("interrupted: every finished episode was kept")
-    return 130 if result.interrupted else 0
+        print(f"stopped: run the same command again to continue (the {result.stats.not_run} episodes not run, same seeds)")
+        return EXIT_INTERRUPTED
+    if result.stats.failed:
+        print(
+            f"tokengym rollout: {result.stats.failed} of {result.stats.requested} episodes failed (see 'failed' above); "
+            "run the same command again to retry them with the same seeds",
+            file=sys.stderr,
+        )
+        return EXIT_EPISODES_FAILED
+    return EXIT_OK
+
+
+EXIT_OK = 0
+EXIT_RUN_STOPPED = 1
+"""The run could not go on (Ray backend: an engine died for good, no env worker left); finished episodes were kept."""
+EXIT_USAGE = 2
+"""Bad arguments, or the store refused the run (other settings or tokenizer, damaged, disk full)."""
+EXIT_EPISODES_FAILED = 3
+"""The run ended, but at least one episode failed; the summary lists the failures by error type."""
+EXIT_INTERRUPTED = 130
+"""Stopped by Ctrl-C or SIGTERM: finished episodes kept, unfinished ones dropped whole."""
+
+ROLLOUT_EXIT_CODES = f"""exit status:
+  {EXIT_OK}    every episode finished
+  {EXIT_EPISODES_FAILED}    the run ended but some episodes failed (the summary lists them by error type)
+  {EXIT_INTERRUPTED}  stopped by Ctrl-C or SIGTERM (finished episodes kept; run the same command to continue)
+  {EXIT_USAGE}    bad arguments, or the store refused the run (other settings, tokenizer, damage, disk full)
+  {EXIT_RUN_STOPPED}    the run could not go on (Ray: an engine died for good, no env worker left)
+
+--out on an existing store continues the same run: the episodes already stored are skipped
+(episode i always runs with seed SEED + i); --append adds EPISODES new episodes with new seeds.
+Other env or sampling settings than the store's are refused, naming the difference."""
+
+
+def _stored_episodes(directory: Path) -> set[int]:
+    """The episode indices a store holds (from each trajectory's ``metadata["episode"]``)."""
+    from tokengym.recorder import read_table
+
+    found: set[int] = set()
+    for raw in read_table(directory, columns=["metadata"]).column("metadata").to_pylist():
+        episode = json.loads(raw or "{}").get("episode")
+        if isinstance(episode, int):
+            found.add(episode)
+    return found
+
+
+def _spans(ids: Sequence[int]) -> str:
+    """``0-5, 8, 10-11``."""
+    out, ids = [], sorted(ids)
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _plan_episodes(args: argparse.Namespace, stored: set[int]) -> tuple[list[int], str]:
+    """Which episode indices to run on this store, and a line that says why."""
+    out = args.out
+    if args.append:
+        start = max(stored) + 1 if stored else 0
+        ids = list(range(start, start + args.episodes))
+        held = f", which holds {len(stored)} (episodes {_spans(stored)})" if stored else ""
+        return ids, f"appending {len(ids)} new episodes ({_spans(ids) or '-'}, new seeds) to {out}{held}"
+    ids = [i for i in range(args.episodes) if i not in stored]
+    if not stored:
+        return ids, f"recording {len(ids)} episodes to {out}"
+    done = args.episodes - len(ids)
+    if not ids:
+        return ids, (
+            f"{out} already holds all {args.episodes} episodes of this run; nothing to run "
+            "(--append adds new episodes with new seeds, --episodes N a longer run)"
+        )
+    return ids, (
+        f"resuming {out}: {done} of {args.episodes} episodes already stored; running the other {len(ids)} "
+        f"(episodes {_spans(ids)}, same seeds)"
+    )
 
 
 # The keys of tokengym.envs.PINNED_TOKENIZERS, written out so that --help does not import the envs.
@@ -383,7 +480,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--force", action="store_true")
     f.set_defaults(func=cmd_fetch_tokenizers)
 
-    r = sub.add_parser("rollout", help="run episodes of an env with a policy and record them")
+    r = sub.add_parser(
+        "rollout", help="run episodes of an env with a policy and record them",
+        epilog=ROLLOUT_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     r.add_argument("env_id", help="a registered id, e.g. tokengym/Replay-v0")
     r.add_argument("--policy", choices=["hf", "vllm", "openai", "scripted"], default="hf")
     r.add_argument("--model", help="local folder or hub name of a causal LM (the served name for openai)")
@@ -402,7 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--top-p", type=float, default=1.0)
     r.add_argument("--max-tokens", type=int, default=256)
     r.add_argument("--max-turns", type=int, default=8)
-    r.add_argument("--out", default="tokengym-runs/rollout", help="folder of the Parquet store")
+    r.add_argument("--out", default="tokengym-runs/rollout", help="folder of the Parquet store (an existing one is continued)")
+    r.add_argument("--append", action="store_true", help="add --episodes new episodes (new seeds) to an existing store")
     r.add_argument("--quiet", action="store_true")
     r.add_argument(
         "--backend", choices=["local", "ray"], default="local",
@@ -444,7 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except (ValueError, OSError, KeyError) as err:
         print(f"tokengym {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -42,10 +42,11 @@ from .segments import SegmentKind
 from .store import (
     MANIFEST_NAME,
     SCHEMA_VERSION,
-    CorruptShardError,
     StoreError,
     _read_manifest,
-    _verified_shards,
+    _store_batches,
+    accept_shards,
+    log_paths,
     shard_paths,
 )
 from .trajectory import Trajectory
@@ -154,7 +155,8 @@ def summarize_store(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     Returns a JSON-ready dict::
 
-        path, shards, schema_version, tokenizer_name, tokenizer_hash, vocab_size (None without a manifest),
+        path, shards, in_log (episodes in the episode log, not yet in a shard), schema_version,
+        tokenizer_name, tokenizer_hash, vocab_size (None without a manifest),
         episodes, tokens, policy_tokens, context_tokens, policy_tokens_with_logprobs,
         tokens_per_episode  {mean, min, max}
         reward              {mean, std, min, max}      std over episodes (ddof=0); None values when empty
@@ -173,7 +175,7 @@ def summarize_store(path: str | os.PathLike[str]) -> dict[str, Any]:
     root = Path(path)
     shards = shard_paths(root)  # FileNotFoundError when not a directory
     manifest = _read_manifest(root)
-    if manifest is None and not shards:
+    if manifest is None and not shards and not log_paths(root):
         raise StoreError(
             f"{root}: not a trajectory store (no {MANIFEST_NAME} and no part-*.parquet shard); "
             "a store is the directory a TrajectoryWriter wrote"
@@ -181,20 +183,18 @@ def summarize_store(path: str | os.PathLike[str]) -> dict[str, Any]:
     name = manifest.get("tokenizer_name") if manifest else None
     fingerprint = manifest.get("tokenizer_hash") if manifest else None
     totals = _Totals()
-    for pf, info in _verified_shards(root, None, None):
-        name = name or info.tokenizer_name
-        fingerprint = fingerprint or info.tokenizer_hash
-        with pf:
-            try:
-                for batch in pf.iter_batches(batch_size=1024, columns=_SUMMARY_COLUMNS):
-                    totals.add(batch)
-            except StoreError:
-                raise
-            except (OSError, pa.ArrowException, ValueError) as err:
-                raise CorruptShardError(f"{info.path}: corrupt shard ({err})") from err
+    in_log = 0
+    for batch, file, _ in _store_batches(root, None, None, _SUMMARY_COLUMNS, 1024):
+        if name is None or fingerprint is None:
+            meta = json.loads((batch.schema.metadata or {}).get(b"tokengym", b"{}"))
+            name, fingerprint = name or meta.get("tokenizer_name"), fingerprint or meta.get("tokenizer_hash")
+        if file.suffix == ".log":
+            in_log += batch.num_rows
+        totals.add(batch)
     return {
         "path": str(root),
-        "shards": len(shards),
+        "shards": len(shard_paths(root)),
+        "in_log": in_log,
         "schema_version": SCHEMA_VERSION,
         "tokenizer_name": name,
         "tokenizer_hash": fingerprint,
@@ -216,8 +216,9 @@ def format_summary(s: dict[str, Any]) -> str:
     t, r, tu, c = s["tokens_per_episode"], s["reward"], s["turns"], s["conformance"]
     share = f" ({100 * s['policy_tokens'] / s['tokens']:.1f}%)" if s["tokens"] else ""
     fp = (s["tokenizer_hash"] or "")[:12]
+    log = f" + {s['in_log']} episodes in the log" if s.get("in_log") else ""
     rows = [
-        ("store", f"{s['path']}  ({s['shards']} shard{'s' * (s['shards'] != 1)}, schema v{s['schema_version']})"),
+        ("store", f"{s['path']}  ({s['shards']} shard{'s' * (s['shards'] != 1)}{log}, schema v{s['schema_version']})"),
         ("tokenizer", f"{s['tokenizer_name']}  (fingerprint {fp}…)" if fp else str(s["tokenizer_name"])),
         ("episodes", str(s["episodes"])),
         ("env ids", _counts(s["env_ids"])),
@@ -455,6 +456,11 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-color", action="store_true", help="no ANSI colours (also: NO_COLOR=1)")
     p.add_argument("--html", metavar="FILE", help="also write the episode as a self-contained HTML page")
+    p.add_argument(
+        "--accept-shards",
+        action="store_true",
+        help="make the manifest list the shards on disk: accept a deleted shard as lost, or a shard put there by hand",
+    )
     p.set_defaults(func=cmd_inspect)
     return p
 
@@ -529,6 +535,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     """Run ``tokengym inspect``. Exit status: 0 shown; 2 not a readable store, bad ``--episode``,
     tokenizer that cannot be loaded, or an ``--html`` file that cannot be written (message on stderr)."""
     try:
+        if getattr(args, "accept_shards", False):
+            changes = accept_shards(args.path)
+            for what, names in (("dropped from", changes["dropped"]), ("added to", changes["added"])):
+                for name in names:
+                    print(f"accepted: {name} {what} the manifest")
+            if not (changes["dropped"] or changes["added"]):
+                print("accepted: the manifest already listed exactly the shards on disk")
         summary = summarize_store(args.path)
         print(format_summary(summary))
         if summary["episodes"] == 0:

@@ -42,7 +42,7 @@ import os
 import queue
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +52,7 @@ import gymnasium as gym
 from tokengym.policies import Generation, Policy, SamplingParams
 
 from .rollout import (
+    EpisodeError,
     PolicyFactory,
     RolloutResult,
     RolloutStats,
@@ -59,10 +60,12 @@ from .rollout import (
     _Slot,
     build_policy,
     env_factory,
+    episode_ids,
     is_policy,
     record_finished,
     sampling_record,
 )
+from .stopping import stop_on_signals
 from .trajectory import Trajectory
 from .wrapper import RecordEpisodes
 
@@ -145,7 +148,7 @@ class EnvWorker:
         try:
             slot.begin(episode, seed)
         except Exception as err:  # a broken task must not stop the run
-            return {"episode": episode, "error": f"episode {episode}: reset failed: {err!r}"}
+            return {"episode": episode, "error": EpisodeError.of(err, episode, None, "reset failed: ")}
         while True:
             try:
                 gen: Generation = ray.get(engine.generate.remote(slot.stream, slot.params(base, seed)))
@@ -382,7 +385,7 @@ class RayBackend:
         make_env: Callable[[], gym.Env] | str,
         policy: Policy | PolicyFactory,
         *,
-        episodes: int,
+        episodes: int | Sequence[int],
         concurrency: int = 8,
         sampling: SamplingParams | None = None,
         seed: int = 0,
@@ -390,12 +393,14 @@ class RayBackend:
         on_episode: Callable[[Trajectory], None] | None = None,
         progress: bool = True,
     ) -> RolloutResult:
-        """As :func:`~tokengym.recorder.rollout`: the same episodes, seeds and result layout."""
-        if episodes < 0 or concurrency < 1:
-            raise ValueError(f"need episodes >= 0 and concurrency >= 1, got {episodes} and {concurrency}")
+        """As :func:`~tokengym.recorder.rollout`: the same episodes, seeds and result layout; SIGTERM
+        stops it like Ctrl-C (finished episodes kept, unfinished ones dropped whole)."""
+        ids = episode_ids(episodes)
+        if concurrency < 1:
+            raise ValueError(f"need concurrency >= 1, got {concurrency}")
         ray = import_ray()
         base = sampling or SamplingParams()
-        if episodes == 0:
+        if not ids:
             return RolloutResult([], RolloutStats())
         if self._ray is None:
             if not ray.is_initialized():
@@ -407,9 +412,9 @@ class RayBackend:
             t0 = time.perf_counter()
             self._ensure_engines(policy)
             config = (base, seed, sampling_record(base, self._engine_info["name"], self._engine_info["logprob_kind"], seed))
-            self._ensure_workers(make_env, env_kwargs, min(concurrency, episodes))
+            self._ensure_workers(make_env, env_kwargs, min(concurrency, len(ids)))
             startup = time.perf_counter() - t0
-            result = _Run(self, config, episodes, on_episode, progress).drive()
+            result = _Run(self, config, ids, on_episode, progress).drive()
             result.stats.startup_s = startup
             clean = not result.interrupted
             return result
@@ -567,14 +572,14 @@ class _Run:
         self,
         backend: RayBackend,
         config: tuple[SamplingParams, int, dict[str, Any]],
-        episodes: int,
+        episodes: list[int],
         on_episode: Callable[[Trajectory], None] | None,
         progress: bool,
     ) -> None:
         self.b, self.ray = backend, backend._ray
         self.config = self.ray.put(config)
         self.on_episode = on_episode
-        self.queue: deque[int] = deque(range(episodes))
+        self.queue: deque[int] = deque(episodes)
         # live workers' free slots; workers still starting wait in `starting` (their node-id reference)
         self.free = {w: backend._slots for w in backend._alive if isinstance(backend._nodes[w], str)}
         self.starting = {backend._nodes[w]: w for w in backend._alive if w not in self.free}
@@ -584,32 +589,16 @@ class _Run:
         self.replacements = backend.max_worker_replacements
         if self.replacements is None:
             self.replacements = len(backend._alive)
-        self.stats = RolloutStats()
+        self.stats = RolloutStats(requested=len(episodes))
         self.done: list[Trajectory] = []
-        self.bar = _progress(episodes, progress)
+        self.bar = _progress(len(episodes), progress)
         self.start = time.perf_counter()
 
     def drive(self) -> RolloutResult:
         interrupted = False
         try:
-            while self.queue or self.inflight:
-                self._launch()
-                refs = [*self.inflight, *self.starting]
-                if not refs:
-                    raise _Abort(f"no env worker is left ({len(self.queue)} episodes not run)")
-                # Only new workers starting: wait for them as long as a start may take.
-                timeout = None if self.inflight else self.b.start_timeout_s
-                ready, rest = self.ray.wait(refs, num_returns=1, timeout=timeout)
-                if not ready:
-                    raise _Abort(f"no new env worker started within {self.b.start_timeout_s:.0f} s")
-                if rest:
-                    more, _ = self.ray.wait(rest, num_returns=len(rest), timeout=0)
-                    ready += more
-                for ref in ready:
-                    if ref in self.starting:
-                        self._started(ref)
-                    else:
-                        self._collect(ref)
+            with stop_on_signals():
+                self._loop()
         except KeyboardInterrupt:
             interrupted = True
         except _Abort as stop:
@@ -620,8 +609,30 @@ class _Run:
             self.stats.engine_restarts, self.stats.engine_s = self.b._engine_stats()
         return self._result(interrupted)
 
+    def _loop(self) -> None:
+        """Launch episodes and collect results until none is queued or in flight."""
+        while self.queue or self.inflight:
+            self._launch()
+            refs = [*self.inflight, *self.starting]
+            if not refs:
+                raise _Abort(f"no env worker is left ({len(self.queue)} episodes not run)")
+            # Only new workers starting: wait for them as long as a start may take.
+            timeout = None if self.inflight else self.b.start_timeout_s
+            ready, rest = self.ray.wait(refs, num_returns=1, timeout=timeout)
+            if not ready:
+                raise _Abort(f"no new env worker started within {self.b.start_timeout_s:.0f} s")
+            if rest:
+                more, _ = self.ray.wait(rest, num_returns=len(rest), timeout=0)
+                ready += more
+            for ref in ready:
+                if ref in self.starting:
+                    self._started(ref)
+                else:
+                    self._collect(ref)
+
     def _result(self, interrupted: bool = False) -> RolloutResult:
         self.done.sort(key=lambda t: t.metadata["episode"])
+        self.stats.interrupted = interrupted
         return RolloutResult(self.done, self.stats, interrupted)
 
     def _launch(self) -> None:
@@ -646,7 +657,7 @@ class _Run:
         try:
             out = ray.get(ref)
         except ray.exceptions.RayTaskError as err:  # a bug in the worker, not a lost process
-            self._failed(f"episode {episode}: {_short(_cause(err))}")
+            self._failed(EpisodeError.of(_cause(err), episode, None))
             return
         except ray.exceptions.RayError as err:  # the worker (or its node) died
             self._lost(episode, worker, err)
@@ -675,14 +686,16 @@ class _Run:
             b._nodes[worker] = self.ray.get(ref)
         except self.ray.exceptions.RayError as err:
             b._alive.remove(worker)
-            self.stats.errors.append(f"a new env worker failed to start: {_short(_cause(err))}")
+            self.stats.errors.append(
+                EpisodeError(None, None, "WorkerStartFailed", f"a new env worker failed to start: {_short(_cause(err))}", failed=False)
+            )
             self._replace()
             return
         self.free[worker] = b._slots
 
-    def _failed(self, message: str) -> None:
+    def _failed(self, error: EpisodeError) -> None:
         self.stats.failed += 1
-        self.stats.errors.append(message)
+        self.stats.errors.append(error)
         self.bar.update(1)
 
     def _lost(self, episode: int, worker: int, err: BaseException) -> None:
@@ -693,13 +706,15 @@ class _Run:
             b._alive.remove(worker)
             node = b._nodes[worker]
             where = f" on node {node[:8]}" if isinstance(node, str) else ""
-            stats.errors.append(f"env worker {worker}{where} died: {_short(err)}")
+            stats.errors.append(EpisodeError(None, None, "WorkerDied", f"env worker {worker}{where} died: {_short(err)}", failed=False))
             self._replace()
         stats.lost.append(episode)
         self.attempts[episode] += 1
         if self.attempts[episode] <= b.max_reruns:
             stats.rerun += 1
-            stats.errors.append(f"episode {episode} was lost with env worker {worker}: started again")
+            stats.errors.append(
+                EpisodeError(episode, None, "WorkerLost", f"episode {episode} was lost with env worker {worker}: started again", failed=False)
+            )
             self.queue.appendleft(episode)
         else:
-            self._failed(f"episode {episode} was lost with env worker {worker}: counted as failed")
+            self._failed(EpisodeError(episode, None, "WorkerLost", f"episode {episode} was lost with env worker {worker}: counted as failed"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,10 +28,11 @@ import numpy as np
 
 from tokengym.policies import Generation, Policy, SamplingParams
 
+from .stopping import stop_on_signals, uninterrupted
 from .trajectory import Trajectory
 from .wrapper import RecordEpisodes
 
-__all__ = ["PolicyFactory", "RolloutResult", "RolloutStats", "rollout", "turn_seed"]
+__all__ = ["EpisodeError", "PolicyFactory", "RolloutResult", "RolloutStats", "episode_ids", "rollout", "turn_seed"]
 
 PolicyFactory = Callable[[], Policy]
 """A zero-argument callable that builds a policy (``functools.partial(VLLMPolicy, "model", ...)``)."""
@@ -40,6 +41,50 @@ PolicyFactory = Callable[[], Policy]
 def turn_seed(seed: int, episode: int, turn: int) -> int:
     """The sampling seed of one turn: independent of batch composition and scheduling."""
     return int(np.random.SeedSequence([seed, episode, turn]).generate_state(1, dtype=np.uint32)[0])
+
+
+@dataclass(frozen=True)
+class EpisodeError:
+    """One thing that went wrong in a run, as data: which episode, which turn, what kind, what it said.
+
+    ``failed`` is False for a note that did not fail an episode (an env worker died and its
+    episode was started again). ``str()`` gives the one-line form of the logs.
+    """
+
+    episode: int | None
+    turn: int | None
+    type: str
+    message: str
+    failed: bool = True
+
+    @classmethod
+    def of(cls, err: BaseException, episode: int | None, turn: int | None, prefix: str = "") -> EpisodeError:
+        """The record of an exception raised in ``episode`` at ``turn`` (None: at reset)."""
+        return cls(episode, turn, type(err).__name__, prefix + (str(err) or repr(err)))
+
+    def __str__(self) -> str:
+        where = "" if self.episode is None else f"episode {self.episode}"
+        if self.turn is not None:
+            where += f" turn {self.turn}"
+        return f"{where}: {self.type}: {self.message}" if where else f"{self.type}: {self.message}"
+
+    def __contains__(self, text: str) -> bool:
+        return text in str(self)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"episode": self.episode, "turn": self.turn, "type": self.type, "message": self.message, "failed": self.failed}
+
+
+def episode_ids(episodes: int | Sequence[int]) -> list[int]:
+    """The episode indices a run is asked for: ``range(n)`` for a count, else the given indices (unique, >= 0)."""
+    if isinstance(episodes, int):
+        if episodes < 0:
+            raise ValueError(f"need episodes >= 0, got {episodes}")
+        return list(range(episodes))
+    ids = [int(i) for i in episodes]
+    if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise ValueError(f"episode indices must be unique and >= 0, got {ids[:20]}")
+    return ids
 
 
 @dataclass
@@ -56,7 +101,12 @@ class RolloutStats:
     engine_s: float = 0.0
     stop_reasons: Counter = field(default_factory=Counter)
     conformance: Counter = field(default_factory=Counter)
-    errors: list[str] = field(default_factory=list)
+    errors: list[EpisodeError] = field(default_factory=list)
+    """What went wrong, one record per failed episode (and notes with ``failed=False``)."""
+    requested: int = 0
+    """Episodes the run was asked for."""
+    interrupted: bool = False
+    """Stopped by Ctrl-C or SIGTERM: ``not_run`` episodes were never finished."""
     lost: list[int] = field(default_factory=list)
     """Episodes that were in flight on a worker that died (Ray backend): re-run, or counted in ``failed``."""
     rerun: int = 0
@@ -72,6 +122,19 @@ class RolloutStats:
     def mean_reward(self) -> float:
         """Mean return over the finished episodes (0.0 when none finished)."""
         return self.reward_sum / self.episodes if self.episodes else 0.0
+
+    @property
+    def not_run(self) -> int:
+        """Asked-for episodes that neither finished nor failed (a stopped run drops them whole)."""
+        return max(0, self.requested - self.episodes - self.failed)
+
+    def failures_by_type(self) -> dict[str, list[EpisodeError]]:
+        """The failed episodes' errors grouped by exception type, most frequent type first."""
+        groups: dict[str, list[EpisodeError]] = {}
+        for e in self.errors:
+            if e.failed:
+                groups.setdefault(e.type, []).append(e)
+        return dict(sorted(groups.items(), key=lambda kv: -len(kv[1])))
 
     @property
     def tokens_per_s(self) -> float:
@@ -98,7 +161,10 @@ class RolloutStats:
             "outside_engine_share": self.outside_engine_share,
             "stop_reasons": dict(self.stop_reasons),
             "conformance": dict(self.conformance),
-            "errors": list(self.errors),
+            "errors": [e.as_dict() for e in self.errors],
+            "requested": self.requested,
+            "interrupted": self.interrupted,
+            "not_run": self.not_run,
             "lost": list(self.lost),
             "rerun": self.rerun,
             "per_node": dict(self.per_node),
@@ -138,7 +204,7 @@ class _Slot:
     def step(self, gen: Generation) -> Any:
         """``env.step`` with the generation; an exception is returned, not raised."""
         try:
-            return self.env.step(gen.token_ids, logprobs=gen.logprobs)
+            return self.env.step(gen.token_ids, logprobs=gen.logprobs, finish_reason=gen.finish_reason)
         except Exception as err:
             return err
 
@@ -154,8 +220,9 @@ class _Slot:
         traj.metadata["episode"] = self.episode
         return traj
 
-    def failure(self, err: BaseException) -> str:
-        return f"episode {self.episode} turn {self.turn}: {err!r}"
+    def failure(self, err: BaseException) -> EpisodeError:
+        """The record of ``err``, raised during this slot's current turn."""
+        return EpisodeError.of(err, self.episode, self.turn)
 
 
 def env_factory(make_env: Callable[[], gym.Env] | str, env_kwargs: dict[str, Any] | None = None) -> Callable[[], gym.Env]:
@@ -198,7 +265,7 @@ def rollout(
     make_env: Callable[[], gym.Env] | str,
     policy: Policy | PolicyFactory,
     *,
-    episodes: int,
+    episodes: int | Sequence[int],
     concurrency: int = 8,
     sampling: SamplingParams | None = None,
     seed: int = 0,
@@ -211,6 +278,9 @@ def rollout(
     """Run ``episodes`` episodes, ``concurrency`` at a time, and return their trajectories.
 
     Args:
+        episodes: how many (episodes ``0 .. n-1``), or which episode indices to run: episode
+            ``i`` always resets with seed ``seed + i``, so running the indices a stopped run
+            did not finish continues it with the same seeds.
         make_env: a factory of tokengym envs, or a registered id (made with ``env_kwargs``).
         policy: any :class:`tokengym.policies.Policy`, or a zero-argument factory of one
             (``functools.partial(VLLMPolicy, "model", ...)``): with ``backend="ray"`` each engine
@@ -224,11 +294,15 @@ def rollout(
         address: with ``backend="ray"``: the cluster to connect to (``"auto"``, ``"HOST:PORT"``,
             ``"ray://HOST:10001"``); None starts a local Ray unless one is connected already.
 
-    Ctrl-C stops the run cleanly: every finished episode is returned (and was passed to
-    ``on_episode``); the unfinished ones are dropped whole, never half-recorded.
+    Ctrl-C and SIGTERM stop the run cleanly (in the main thread): every finished episode is
+    returned (and was passed to ``on_episode``); the unfinished ones are dropped whole, never
+    half-recorded; ``result.interrupted`` and ``stats.not_run`` say so. A failed episode (its
+    env or the policy raised) does not stop the run: it is counted in ``stats.failed`` and
+    described in ``stats.errors``.
     """
-    if episodes < 0 or concurrency < 1:
-        raise ValueError(f"need episodes >= 0 and concurrency >= 1, got {episodes} and {concurrency}")
+    ids = episode_ids(episodes)
+    if concurrency < 1:
+        raise ValueError(f"need concurrency >= 1, got {concurrency}")
     base = sampling or SamplingParams()
     if isinstance(backend, str):
         if backend not in ("local", "ray"):
@@ -250,22 +324,20 @@ def rollout(
     policy = build_policy(policy)
     make_env = env_factory(make_env, env_kwargs)
     record = sampling_record(base, getattr(policy, "name", type(policy).__name__), getattr(policy, "logprob_kind", "none"), seed)
-    stats = RolloutStats()
+    stats = RolloutStats(requested=len(ids))
     done: list[Trajectory] = []
-    slots = [_Slot(RecordEpisodes(make_env(), keep=False, sampling=record)) for _ in range(min(concurrency, episodes))]
-    next_episode = 0
-    bar = _progress(episodes, progress)
+    slots = [_Slot(RecordEpisodes(make_env(), keep=False, sampling=record)) for _ in range(min(concurrency, len(ids)))]
+    queue = iter(ids)
+    bar = _progress(len(ids), progress)
     start = time.perf_counter()
 
     def begin(slot: _Slot) -> bool:
-        nonlocal next_episode
-        while next_episode < episodes:
-            episode, next_episode = next_episode, next_episode + 1
+        for episode in queue:
             try:
                 slot.begin(episode, seed)
             except Exception as err:  # a broken task must not stop the run
                 stats.failed += 1
-                stats.errors.append(f"episode {episode}: reset failed: {err!r}")
+                stats.errors.append(EpisodeError.of(err, episode, None, "reset failed: "))
                 bar.update(1)
                 continue
             return True
@@ -273,9 +345,9 @@ def rollout(
         return False
 
     interrupted = False
-    live = [s for s in slots if begin(s)]
     try:
-        with ThreadPoolExecutor(max_workers=max(1, len(slots))) as pool:
+        with stop_on_signals(), ThreadPoolExecutor(max_workers=max(1, len(slots))) as pool:
+            live = [s for s in slots if begin(s)]
             while live:
                 params = [s.params(base, seed) for s in live]
                 t0 = time.perf_counter()
@@ -306,6 +378,7 @@ def rollout(
             s.env.close()
         if owned and hasattr(policy, "close"):
             policy.close()
+    stats.interrupted = interrupted
     done.sort(key=lambda t: t.metadata["episode"])
     return RolloutResult(done, stats, interrupted)
 
@@ -334,11 +407,16 @@ def record_finished(
     bar: Any,
     start: float,
 ) -> None:
-    """Count a finished trajectory, keep it, hand it to ``on_episode`` and move the progress bar."""
-    _account(stats, traj)
-    done.append(traj)
-    if on_episode is not None:
-        on_episode(traj)
+    """Hand a finished trajectory to ``on_episode``, count it, keep it, and move the progress bar.
+
+    A stop signal waits until all of it is done, so a trajectory is stored and counted, or neither.
+    If ``on_episode`` raises (a full disk), the trajectory is neither counted nor kept.
+    """
+    with uninterrupted():
+        if on_episode is not None:
+            on_episode(traj)
+        _account(stats, traj)
+        done.append(traj)
     bar.update(1)
     bar.set_postfix(
         tok_s=f"{stats.policy_tokens / max(time.perf_counter() - start, 1e-9):.0f}",
@@ -365,7 +443,7 @@ def _progress(total: int, enabled: bool) -> Any:
 
 
 def summary_table(stats: RolloutStats) -> str:
-    """A short human-readable summary of a run."""
+    """A short human-readable summary of a run: counts, then why episodes failed, then whether it was stopped."""
     rows: list[tuple[str, str]] = [
         ("episodes", f"{stats.episodes} done, {stats.failed} failed"),
         ("tokens", f"{stats.tokens} ({stats.policy_tokens} from the policy)"),
@@ -384,5 +462,15 @@ def summary_table(stats: RolloutStats) -> str:
                      f"{', '.join(map(str, sorted(stats.lost)))} ({fate})"))
     if stats.engine_restarts:
         rows.append(("engine restarts", str(stats.engine_restarts)))
+    for i, (kind, errs) in enumerate(stats.failures_by_type().items()):
+        episodes = sorted({e.episode for e in errs if e.episode is not None})
+        shown = ", ".join(map(str, episodes[:10])) + (f" and {len(episodes) - 10} more" if len(episodes) > 10 else "")
+        rows.append(("failed" if i == 0 else "", f"{len(errs)} × {kind} (episodes {shown or '-'}); first: {errs[0]}"))
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    if stats.interrupted:
+        lines.append(
+            f"interrupted: {stats.episodes} finished, {stats.not_run} not run"
+            f"{f', {stats.failed} failed' if stats.failed else ''} (unfinished episodes were dropped whole)"
+        )
+    return "\n".join(lines)

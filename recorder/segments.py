@@ -30,7 +30,10 @@ class Segment:
     """A run of tokens from one source.
 
     ``logprobs`` exist only for action segments, one per token, when the policy gave them.
-    ``reward`` is the turn's reward, carried by the turn's action segment.
+    ``reward`` is the turn's reward, carried by the turn's action segment. ``finish_reason``
+    (action segments only) says why the policy stopped generating: ``"stop"`` (a stop token),
+    ``"stop_string"``, ``"length"`` (the token budget ran out: the action may be cut short),
+    or None when unknown.
     """
 
     kind: SegmentKind
@@ -38,6 +41,7 @@ class Segment:
     turn: int
     logprobs: np.ndarray | None = None
     reward: float = 0.0
+    finish_reason: str | None = None
 
     def __post_init__(self) -> None:
         ids = np.asarray(self.token_ids, dtype=np.int64).reshape(-1)
@@ -54,6 +58,10 @@ class Segment:
             object.__setattr__(self, "logprobs", lp)
         if self.kind is not SegmentKind.ACTION and self.reward != 0.0:
             raise ValueError("rewards belong to action segments")
+        if self.finish_reason is not None:
+            if self.kind is not SegmentKind.ACTION:
+                raise ValueError("finish reasons belong to action segments")
+            object.__setattr__(self, "finish_reason", str(self.finish_reason))
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -73,6 +81,7 @@ class Segment:
             self.kind is other.kind
             and self.turn == other.turn
             and self.reward == other.reward
+            and self.finish_reason == other.finish_reason
             and np.array_equal(self.token_ids, other.token_ids)
             and same_lp
         )

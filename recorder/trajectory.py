@@ -131,6 +131,11 @@ class Trajectory:
         return np.array([a.reward for a in self.actions], dtype=np.float32)
 
     @property
+    def finish_reasons(self) -> list[str | None]:
+        """Why each turn's generation stopped (``"stop"``, ``"stop_string"``, ``"length"``; None: unknown)."""
+        return [a.finish_reason for a in self.actions]
+
+    @property
     def reward(self) -> float:
         """The episode's return: the sum of the turn rewards."""
         return float(self.turn_rewards.sum())
@@ -146,7 +151,7 @@ class Trajectory:
         return summarize_conformance(self.conformance)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (token ids, mask, logprobs with null for missing, segments, metadata)."""
+        """A JSON-ready dict (token ids, mask, logprobs with null for missing, segments, finish reasons, metadata)."""
         lp = self.logprobs
         return {
             "token_ids": self.token_ids.tolist(),
@@ -157,6 +162,7 @@ class Trajectory:
                 for i, s in enumerate(self.segments)
             ],
             "turn_rewards": self.turn_rewards.tolist(),
+            "finish_reasons": self.finish_reasons,
             "reward": self.reward,
             "prompt_len": self.prompt_len,
             "env_id": self.env_id,

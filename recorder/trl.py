@@ -266,7 +266,7 @@ class TRLRollout:
 
             def step(i: int, gen: Any) -> Any:
                 try:
-                    return envs[i].step(gen.token_ids, logprobs=gen.logprobs)
+                    return envs[i].step(gen.token_ids, logprobs=gen.logprobs, finish_reason=gen.finish_reason)
                 except Exception as err:
                     raise RuntimeError(f"episode {i} (prompt {specs[i]!r}), turn {turn[i]}: {err}") from err
 

@@ -3,7 +3,7 @@
 An RL library that drives a tokengym env through plain ``reset``/``step`` gets complete
 trajectories without any other glue: the prompt from ``reset``, each action, each
 observation, each reward, in order. A caller that has the action's logprobs passes them
-to ``step(action, logprobs=...)``.
+to ``step(action, logprobs=...)``, and why the generation stopped as ``finish_reason=``.
 """
 
 from __future__ import annotations
@@ -59,8 +59,10 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         return obs, info
 
     def step(
-        self, action: Any, logprobs: Sequence[float] | np.ndarray | None = None
+        self, action: Any, logprobs: Sequence[float] | np.ndarray | None = None, finish_reason: str | None = None
     ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """``env.step(action)``, recording the action (with its ``logprobs`` and ``finish_reason``:
+        ``"stop"``, ``"stop_string"`` or ``"length"``, when the caller knows them) and the observation."""
         if self._segments is None:
             raise ResetNeeded("call reset() before step()")
         ids = np.array(action, dtype=np.int64, copy=True) if np.asarray(action).dtype.kind in "iu" else None
@@ -72,7 +74,7 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         obs, reward, terminated, truncated, info = self.env.step(action)
         assert ids is not None  # the env accepted the action, so it was integer ids
         turn = int(info.get("turn", self._turn))
-        self._segments.append(Segment(SegmentKind.ACTION, ids, turn, logprobs=logprobs, reward=float(reward)))
+        self._segments.append(Segment(SegmentKind.ACTION, ids, turn, logprobs=logprobs, reward=float(reward), finish_reason=finish_reason))
         if len(obs):
             self._segments.append(Segment(SegmentKind.OBSERVATION, np.array(obs, dtype=np.int64), turn))
         for record in info.get("tool_results") or ():

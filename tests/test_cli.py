@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,108 @@ def test_rollout_with_a_scripted_policy(tmp_path, capsys):
     assert [t.num_turns for t in trajs] == [2, 2]
     assert all(t.metadata["tool_stats"]["calls"] == 1 for t in trajs)
     assert main(["rollout", "tokengym/Calculator-v0", "--policy", "hf", "--tokenizer", "qwen2.5", "--out", str(tmp_path / "x")]) == 2
+
+
+# ------------------------------------------------- resume, append, refusals, failures, stops
+CALC = ["rollout", "tokengym/Calculator-v0", "--policy", "scripted", "--tokenizer", "qwen2.5",
+        "--reply", '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2 + 3"}}\n</tool_call>',
+        "--reply", "<answer>5</answer>", "--quiet"]
+
+
+def stored_episodes(out):
+    from tokengym.recorder import read_trajectories
+
+    trajs = list(read_trajectories(out))
+    episodes = [t.metadata["episode"] for t in trajs]
+    assert len(episodes) == len(set(episodes)), f"an episode was stored twice: {sorted(episodes)}"
+    assert all(t.seed == t.metadata["episode"] for t in trajs)  # seed 0 + episode index
+    return sorted(episodes)
+
+
+def test_rollout_on_an_existing_store_resumes_appends_or_refuses(tmp_path, capsys):
+    out = str(tmp_path / "store")
+    assert main([*CALC, "--episodes", "3", "--out", out]) == 0
+    assert "recording 3 episodes" in capsys.readouterr().out and stored_episodes(out) == [0, 1, 2]
+    # The same command again: nothing to do, no duplicate.
+    assert main([*CALC, "--episodes", "3", "--out", out]) == 0
+    assert "already holds all 3 episodes of this run; nothing to run" in capsys.readouterr().out
+    assert stored_episodes(out) == [0, 1, 2]
+    # A longer run continues with the same seeds.
+    assert main([*CALC, "--episodes", "5", "--out", out]) == 0
+    text = capsys.readouterr().out
+    assert "resuming" in text and "3 of 5 episodes already stored; running the other 2 (episodes 3-4, same seeds)" in text
+    assert "2 done, 0 failed" in text and stored_episodes(out) == [0, 1, 2, 3, 4]
+    # --append: new episodes, new seeds.
+    assert main([*CALC, "--episodes", "2", "--append", "--out", out]) == 0
+    assert "appending 2 new episodes (5-6, new seeds)" in capsys.readouterr().out
+    assert stored_episodes(out) == list(range(7))
+    # Other settings are refused, the difference named; nothing is written.
+    for extra, named in (
+        (["--temperature", "0.5"], "sampling.temperature: stored 1.0, asked 0.5"),
+        (["--max-turns", "3"], "env_kwargs.max_turns: stored 8, asked 3"),
+        (["--seed", "1", "--append"], "seed: stored 0, asked 1"),
+    ):
+        assert main([*CALC, "--episodes", "2", *extra, "--out", out]) == 2
+        err = capsys.readouterr().err
+        assert "recorded with other run settings" in err and named in err, err
+    args = [a if a != "tokengym/Calculator-v0" else "tokengym/KeyValue-v0" for a in CALC]
+    assert main([*args, "--episodes", "2", "--out", out]) == 2
+    assert "env_id: stored 'tokengym/Calculator-v0', asked 'tokengym/KeyValue-v0'" in capsys.readouterr().err
+    assert stored_episodes(out) == list(range(7))
+
+
+def test_rollout_exits_non_zero_and_lists_failures_when_episodes_fail(tmp_path, capsys):
+    import gymnasium as gym
+
+    from test_rollout_stops import FlakyCalculator
+
+    if "tokengym-tests/Flaky-v0" not in gym.registry:
+        # (gymnasium's passive env checker breaks on a first reset that raised, so it is off here)
+        gym.register("tokengym-tests/Flaky-v0", entry_point=FlakyCalculator, disable_env_checker=True)
+    args = [a if a != "tokengym/Calculator-v0" else "tokengym-tests/Flaky-v0" for a in CALC]
+    out = str(tmp_path / "store")
+    assert main([*args, "--episodes", "8", "--out", out]) == 3
+    captured = capsys.readouterr()
+    assert "4 done, 4 failed" in captured.out
+    assert "2 × RuntimeError (episodes 1, 4); first: episode " in captured.out
+    assert "2 × ValueError (episodes 2, 7); first: episode " in captured.out
+    assert "4 of 8 episodes failed" in captured.err
+    # Running it again retries exactly the failed episodes, with their seeds (they fail again).
+    assert main([*args, "--episodes", "8", "--out", out]) == 3
+    assert "running the other 4 (episodes 1-2, 4, 7, same seeds)" in capsys.readouterr().out
+    assert stored_episodes(out) == [0, 3, 5, 6]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_cli_cleanly_and_the_same_command_continues(tmp_path, capsys):
+    import signal
+    import time
+
+    from tokengym.recorder.store import store_counts
+
+    out = tmp_path / "store"
+    cmd = [sys.executable, "-m", "tokengym.recorder.cli", *CALC, "--episodes", "5000", "--concurrency", "2", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out.exists() and sum(store_counts(out)[k] for k in ("shard_rows", "log_rows")) >= 4):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no episode was stored in time"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr[-3000:]
+    match = re.search(r"interrupted: (\d+) finished, (\d+) not run", stdout)
+    assert match, stdout
+    finished, not_run = int(match.group(1)), int(match.group(2))
+    stored = stored_episodes(out)
+    assert finished == len(stored) >= 4 and finished + not_run == 5000
+    assert "run the same command again to continue" in stdout
+    # The same store, a shorter run: what is missing below finished + 2 runs, nothing twice.
+    assert main([*CALC, "--episodes", str(finished + 2), "--concurrency", "2", "--out", str(out)]) == 0
+    assert "resuming" in capsys.readouterr().out
+    assert stored_episodes(out) == list(range(finished + 2))

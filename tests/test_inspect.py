@@ -79,7 +79,7 @@ def run(argv, capsys):
 def test_summary_numbers(store, tokenizer_name):
     path, trajs = store
     s = summarize_store(path)
-    assert s["shards"] == 2 and s["episodes"] == 5 and s["schema_version"] == 1
+    assert s["shards"] == 2 and s["episodes"] == 5 and s["schema_version"] == 2
     assert s["tokenizer_name"] == tokenizer_name and len(s["tokenizer_hash"]) == 64 and s["vocab_size"] > 150_000
     assert s["tokens"] == sum(len(t) for t in trajs)
     assert s["policy_tokens"] == sum(int(t.mask.sum()) for t in trajs)

@@ -334,6 +334,27 @@ def test_episodes_stick_to_one_engine_and_each_engine_has_at_most_its_bound(back
 
 
 @ray_test
+def test_sigterm_stops_a_ray_run_like_ctrl_c(backend, env, local_run, tmp_path, qwen25):
+    import signal
+
+    def stop_after_two(traj, count=[]):
+        writer.write(traj)
+        count.append(traj)
+        if len(count) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # as SLURM or Kubernetes would
+
+    with TrajectoryWriter(tmp_path / "store", tokenizer=qwen25) as writer:
+        result = rollout(env, POLICY, episodes=N, concurrency=6, seed=0, progress=False, backend=backend,
+                         on_episode=stop_after_two)
+    s = result.stats
+    assert result.interrupted and s.episodes == 2 and s.not_run == N - 2 - s.failed
+    assert f"interrupted: 2 finished, {s.not_run} not run" in summary_table(s)
+    kept = stored(tmp_path / "store")
+    same(kept, [t for t in local_run.trajectories if t.metadata["episode"] in {k.metadata["episode"] for k in kept}])
+    assert len(kept) == 2 and backend.workers == []  # in-flight episodes dropped with their actors
+
+
+@ray_test
 def test_an_engine_that_stays_dead_ends_the_run_with_a_clear_error(backend, env, tmp_path, qwen25):
     """The last test of the module (the failed run ends the session's actors); the two engines of the test before."""
     from tokengym.recorder.ray_backend import RolloutError

@@ -238,14 +238,15 @@ def test_refuses_unknown_schema_version(episodes25, qwen25, tmp_path):
     for attempt in (lambda: TrajectoryWriter(tmp_path, tokenizer=qwen25), lambda: list(read_trajectories(tmp_path))):
         with pytest.raises(SchemaVersionError, match=r"\.tokengym\.json: schema version 99.*newer tokengym"):
             attempt()
-    # A shard written by a future version, in a store whose manifest says 1.
+    # A shard written by a future version, in a store whose manifest says the current one.
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(manifest))
     shard = tmp_path / "part-00000.parquet"
     table = pq.read_table(shard)
     meta = json.loads(table.schema.metadata[b"tokengym"])
-    pq.write_table(table.replace_schema_metadata({b"tokengym": json.dumps({**meta, "schema_version": 2})}), shard)
+    future = SCHEMA_VERSION + 1
+    pq.write_table(table.replace_schema_metadata({b"tokengym": json.dumps({**meta, "schema_version": future})}), shard)
     for attempt in (lambda: TrajectoryWriter(tmp_path, tokenizer=qwen25), lambda: read_table(tmp_path)):
-        with pytest.raises(SchemaVersionError, match=r"part-00000.parquet: schema version 2"):
+        with pytest.raises(SchemaVersionError, match=rf"part-00000.parquet: schema version {future}"):
             attempt()
 
 
@@ -414,9 +415,11 @@ def _crash_and_resume(store: Path, tok, delays: list[float | None]) -> int:
     reference = play(RecordEpisodes(ReplayEnv(tok)), 0)
     count = mid_write = 0
     for delay in delays:  # each run resumes the store the previous run was killed in
+        in_shards = len(shard_paths(store)) * SHARD if store.exists() else 0
         mid_write += _run_and_kill(store, count, new_shards=3, delay=delay)
         got = _check_store(store, reference, tok)
-        assert got >= count + 3 * SHARD
+        # The killed writer's episode log is read too: more than its shards may hold.
+        assert got >= max(count, in_shards + 3 * SHARD)
         count = got
     # A readable store even with a killed writer's temp file still there; the next writer removes it.
     (store / ".part-99999.parquet.1.tmp").write_bytes(b"PAR1 half a shard")

@@ -1,0 +1,103 @@
+"""A rollout's failures and stops are loud: SIGTERM stops it like Ctrl-C, failed episodes are
+recorded as data and grouped in the summary, and chosen episode indices keep their seeds."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tokengym.envs import CalculatorEnv
+from tokengym.policies import ScriptedPolicy
+from tokengym.recorder import TrajectoryWriter, read_trajectories, rollout, summary_table
+from tokengym.recorder.rollout import EpisodeError
+from tokengym.recorder.stopping import stop_on_signals, uninterrupted
+
+
+class FlakyCalculator(CalculatorEnv):
+    """tokengym/Calculator-v0 whose reset fails for seeds 2 and 7 and whose first step fails for seeds 1 and 4."""
+
+    def reset(self, *, seed=None, options=None):
+        self._flaky_seed = seed
+        if seed in (2, 7):
+            raise ValueError(f"no task for seed {seed}")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self._flaky_seed in (1, 4):
+            raise RuntimeError(f"calculator backend down (seed {self._flaky_seed})")
+        return super().step(action)
+
+
+def answer_policy(tok) -> ScriptedPolicy:
+    return ScriptedPolicy(lambda context: "<answer>5</answer>", tok, end_ids=[tok.convert_tokens_to_ids("<|im_end|>")])
+
+
+def test_failed_episodes_are_structured_and_grouped_by_type(qwen25):
+    result = rollout(lambda: FlakyCalculator(qwen25), answer_policy(qwen25), episodes=8, concurrency=3, progress=False)
+    s = result.stats
+    assert (s.episodes, s.failed, s.requested, s.not_run) == (4, 4, 8, 0) and not s.interrupted
+    assert sorted(t.metadata["episode"] for t in result.trajectories) == [0, 3, 5, 6]
+    errors = sorted(s.errors, key=lambda e: e.episode)
+    assert [(e.episode, e.turn, e.type) for e in errors] == [
+        (1, 0, "RuntimeError"), (2, None, "ValueError"), (4, 0, "RuntimeError"), (7, None, "ValueError"),
+    ]
+    assert errors[0].message == "calculator backend down (seed 1)" and errors[1].message == "reset failed: no task for seed 2"
+    assert str(errors[0]) == "episode 1 turn 0: RuntimeError: calculator backend down (seed 1)"
+    groups = s.failures_by_type()
+    assert {k: sorted(e.episode for e in v) for k, v in groups.items()} == {"RuntimeError": [1, 4], "ValueError": [2, 7]}
+    table = summary_table(s)
+    assert "4 done, 4 failed" in table
+    assert "2 × RuntimeError (episodes 1, 4); first: episode " in table
+    assert "2 × ValueError (episodes 2, 7); first: episode " in table and "reset failed: no task for seed" in table
+    assert s.as_dict()["errors"][0].keys() == {"episode", "turn", "type", "message", "failed"}
+
+
+def test_chosen_episode_indices_keep_their_seeds(qwen25):
+    policy = answer_policy(qwen25)
+    whole = rollout(lambda: CalculatorEnv(qwen25), policy, episodes=6, seed=10, progress=False).trajectories
+    part = rollout(lambda: CalculatorEnv(qwen25), policy, episodes=[4, 1], seed=10, progress=False).trajectories
+    assert [t.metadata["episode"] for t in part] == [1, 4] and [t.seed for t in part] == [11, 14]
+    assert [t.to_dict() for t in part] == [whole[1].to_dict(), whole[4].to_dict()]
+    with pytest.raises(ValueError, match="unique and >= 0"):
+        rollout(lambda: CalculatorEnv(qwen25), policy, episodes=[1, 1], progress=False)
+
+
+def test_sigterm_stops_a_rollout_like_ctrl_c(qwen25, tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    with TrajectoryWriter(tmp_path, tokenizer=qwen25) as writer:
+        count = []
+
+        def on_episode(traj):
+            writer.write(traj)
+            count.append(traj)
+            if len(count) == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # lands inside the bookkeeping: takes effect after it
+
+        result = rollout(
+            lambda: CalculatorEnv(qwen25), answer_policy(qwen25), episodes=40, concurrency=2, progress=False,
+            on_episode=on_episode,
+        )
+    s = result.stats
+    assert result.interrupted and s.interrupted and s.episodes == 3 and s.not_run == 37
+    assert len(result.trajectories) == 3 and len(list(read_trajectories(tmp_path))) == 3  # stored = counted
+    assert "interrupted: 3 finished, 37 not run" in summary_table(s)
+    assert signal.getsignal(signal.SIGTERM) == before  # the run's handler is gone
+
+
+def test_a_stop_inside_an_uninterrupted_section_waits_for_its_end():
+    done = []
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        with stop_on_signals():
+            with uninterrupted():
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(1000):  # the handler runs in here, between bytecodes
+                    pass
+                done.append("finished")
+    assert done == ["finished"]
+
+
+def test_episode_error_reads_as_its_log_line():
+    e = EpisodeError(None, None, "WorkerDied", "env worker 2 died: gone", failed=False)
+    assert str(e) == "WorkerDied: env worker 2 died: gone" and "worker 2" in e

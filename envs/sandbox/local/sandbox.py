@@ -1,0 +1,463 @@
+"""The :class:`LocalSandbox` itself: its directory, who runs it, which isolation, its lifetime.
+
+See the package docstring for what it enforces.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import posixpath
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from ..base import ExecResult, Isolation, Limits, Sandbox, SandboxError, resolve_limits
+from .bwrap import BwrapStatus, bwrap_argv, bwrap_status, find_bwrap
+from .execute import _Call, _killpg, _Runner
+from .files import _rmtree, _WorkspaceFiles
+from .paths import INSIDE_UID, RUNDIR_INSIDE, TMP_PREFIX, WORKDIR_INSIDE
+from .uids import MARKER_VAR, _count_processes_of, _fresh_uid, _is_root, _kill_uid, _release_uid
+
+IsolationMode = Literal["auto", "bwrap", "none"]
+
+
+def _accessible(path: str, uid: int, gid: int, *, need: int = os.X_OK | os.R_OK) -> bool:
+    """Whether ``uid``/``gid`` (no supplementary groups) may reach and use ``path`` (by mode bits)."""
+
+    def allowed(st: os.stat_result, bits: int) -> bool:
+        mode = st.st_mode
+        if uid == 0:
+            return True
+        if st.st_uid == uid:
+            shift = 6
+        elif st.st_gid == gid:
+            shift = 3
+        else:
+            shift = 0
+        have = (mode >> shift) & 7
+        return (have & bits) == bits
+
+    try:
+        path = os.path.realpath(path)
+        parts = path.split("/")
+        for i in range(1, len(parts) - 1):
+            d = "/".join(parts[: i + 1]) or "/"
+            if not allowed(os.stat(d), 1):  # search permission on every ancestor
+                return False
+        return allowed(os.stat(path), need)
+    except OSError:
+        return False
+
+
+def _pick_python(uid: int, gid: int) -> str:
+    """An interpreter the sandbox user can run: this one (its base install), else a system python3."""
+    candidates = [
+        getattr(sys, "_base_executable", None) or sys.executable,
+        sys.executable,
+        "/usr/bin/python3",
+        "/usr/local/bin/python3",
+        shutil.which("python3") or "",
+    ]
+    for c in candidates:
+        if not c:
+            continue
+        real = os.path.realpath(c)
+        if os.path.isfile(real) and _accessible(real, uid, gid):
+            return real
+    raise SandboxError(
+        "no Python interpreter that the sandbox user can run (this one lies under a private directory); "
+        "install python3 under /usr or pass python=..."
+    )
+
+
+_COUNTER = itertools.count()
+
+
+def _cleanup(root: str, uid: int | None, calls: set[_Call]) -> None:
+    """Finalizer: kill what still runs and delete the directory (also at interpreter exit)."""
+    for c in list(calls):
+        _killpg(c.proc)
+    if uid is not None:
+        _kill_uid(uid)
+        _release_uid(uid)
+    _rmtree(root)
+
+
+class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
+    """A sandbox of child processes on this machine, in a temporary workspace with resource limits.
+
+    Args:
+        limits: resource limits (:class:`Limits`); keyword overrides of its fields
+            (``timeout_s=5``, ``memory_mb=256``...) may be given directly instead or on top.
+        isolation: ``"auto"`` uses bubblewrap when a probe run shows it works here, else plain
+            limits; ``"bwrap"`` requires it (:class:`SandboxError` with the reason when it does not
+            work); ``"none"`` never uses it (limits only: no network or file-system isolation).
+        python: the interpreter for :meth:`run_python` (and ``python``/``python3`` in shell
+            commands). Default: this process's base interpreter when the sandbox user can run it,
+            else a system ``python3``.
+        user: the uid to run as when the host runs as root: ``"auto"`` (a fresh unused uid for
+            each sandbox: the process limit and the clean-up then cover exactly this sandbox) or
+            a number. Ignored when the host is not root (the sandbox runs as the host's user).
+        ro_binds: extra host paths shown read-only inside bubblewrap (e.g. a virtualenv).
+        env: extra environment variables for every command.
+        tmp_root: where the sandbox's directory is made (default: the system temp directory).
+
+    :attr:`workdir` is the workspace as the commands see it (``/workspace`` under bubblewrap,
+    the host path without). Paths given to :meth:`write_file` and :meth:`read_file` are relative
+    to it (or absolute under it).
+    """
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        *,
+        isolation: IsolationMode = "auto",
+        python: str | None = None,
+        user: int | Literal["auto"] = "auto",
+        ro_binds: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        tmp_root: str | None = None,
+        bwrap: str | None = None,
+        _bwrap_for_probe: str | None = None,
+        **limit_overrides: Any,
+    ) -> None:
+        if isolation not in ("auto", "bwrap", "none"):
+            raise ValueError(f'isolation must be "auto", "bwrap" or "none", got {isolation!r}')
+        self.limits = resolve_limits(limits, limit_overrides, "LocalSandbox")
+        self._closed = True  # until fully built
+        self._lock = threading.Lock()
+        self._calls: set[_Call] = set()
+        self._serial = itertools.count()
+
+        # who runs the commands
+        self._root_host = _is_root()
+        self._own_uid: int | None = None  # a fresh uid this sandbox owns (released at close)
+        if self._root_host:
+            if user == "auto":
+                self._own_uid = _fresh_uid()
+                self.uid = self.gid = self._own_uid
+            elif isinstance(user, int) and user > 0:
+                self.uid = self.gid = int(user)
+            else:
+                raise ValueError('user must be "auto" or a positive uid (a sandbox never runs as root)')
+        else:
+            self.uid, self.gid = os.getuid(), os.getgid()
+
+        # which isolation
+        if _bwrap_for_probe is not None:  # the probe itself: build for bwrap, trust nothing
+            self._bwrap: str | None = _bwrap_for_probe
+            self._bwrap_status = BwrapStatus(False, "probe")
+        elif isolation == "none":
+            self._bwrap = None
+            self._bwrap_status = BwrapStatus(False, 'isolation="none" was asked for')
+        else:
+            status = bwrap_status(bwrap)
+            if not status.works:
+                if isolation == "bwrap":
+                    self._release_own_uid()
+                    raise SandboxError(f'isolation="bwrap": {status.reason}')
+                self._bwrap = None
+            else:
+                self._bwrap = bwrap or find_bwrap()
+            self._bwrap_status = status
+        self._use_bwrap = self._bwrap is not None and _bwrap_for_probe is None
+
+        try:
+            self.python = os.path.realpath(python) if python else _pick_python(self.uid, self.gid)
+        except SandboxError:
+            self._release_own_uid()
+            raise
+        # prlimit (util-linux) sets the limits; it must lie where bubblewrap shows it (/usr).
+        # Without it, the sandbox's python sets them and execs the command.
+        self._prlimit = shutil.which("prlimit", path="/usr/bin:/bin:/usr/sbin:/sbin")
+        self._ro_binds = tuple(os.path.realpath(p) for p in ro_binds)
+        self._extra_env = dict(env or {})
+
+        # the directory
+        self.root = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=tmp_root)
+        self._finalizer = weakref.finalize(self, _cleanup, self.root, self._own_uid, self._calls)
+        try:
+            self._layout()
+        except BaseException:
+            self._finalizer()
+            raise
+        self._closed = False
+        self.workdir = WORKDIR_INSIDE if (self._use_bwrap or _bwrap_for_probe) else self._work
+        self._tmp_inside = "/tmp" if (self._use_bwrap or _bwrap_for_probe) else self._tmp
+        self._run_inside = RUNDIR_INSIDE if (self._use_bwrap or _bwrap_for_probe) else self._run
+        self.isolation = self._describe()
+
+    # ----------------------------------------------------------- layout
+    @property
+    def _work(self) -> str:
+        return os.path.join(self.root, "work")
+
+    @property
+    def _tmp(self) -> str:
+        return os.path.join(self.root, "tmp")
+
+    @property
+    def _run(self) -> str:
+        return os.path.join(self.root, "run")
+
+    def _chown(self, path: str) -> None:
+        if self._root_host:
+            os.chown(path, self.uid, self.gid, follow_symlinks=False)
+
+    def _layout(self) -> None:
+        os.chmod(self.root, 0o711 if self._root_host else 0o700)
+        for d in (self._work, self._tmp):
+            os.mkdir(d, 0o700)
+            self._chown(d)
+        os.mkdir(self._run, 0o755)
+        bindir = os.path.join(self._run, "bin")
+        os.mkdir(bindir, 0o755)
+        for name in ("python", "python3"):
+            os.symlink(self.python, os.path.join(bindir, name))
+        etc = os.path.join(self._run, "etc")
+        os.mkdir(etc, 0o755)
+        with open(os.path.join(etc, "passwd"), "w") as f:
+            f.write(f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{INSIDE_UID}:{INSIDE_UID}:sandbox:{WORKDIR_INSIDE}:/bin/sh\n")
+        with open(os.path.join(etc, "group"), "w") as f:
+            f.write(f"root:x:0:\nsandbox:x:{INSIDE_UID}:\n")
+        os.mkdir(os.path.join(self._run, "snippets"), 0o755)
+
+    def _release_own_uid(self) -> None:
+        if self._own_uid is not None:
+            _release_uid(self._own_uid)
+
+    def _describe(self) -> Isolation:
+        limits = self.limits
+        lim = (
+            f"limits: {limits.cpu_s} CPU s, {limits.memory_mb} MB address space, {limits.max_processes} processes, "
+            f"{limits.max_file_mb} MB files, {limits.max_open_files} open files, {limits.timeout_s:g} s wall"
+        )
+        if self._root_host:
+            who = f"runs as uid {self.uid} (not root; a uid of its own)" if self._own_uid else f"runs as uid {self.uid} (not root)"
+        else:
+            who = f"runs as the host user (uid {self.uid})"
+        if self._use_bwrap:
+            details = (
+                self._bwrap_status.version or "bubblewrap",
+                who,
+                "new user/pid/net/ipc/uts namespaces: only loopback, no route out",
+                f"files: /usr and the interpreter read-only, private /tmp, workspace {WORKDIR_INSIDE} read-write; "
+                "the rest of the host is not there",
+                "every process of a call dies with it (pid namespace, --die-with-parent)",
+                lim,
+            )
+            return Isolation("local", network=True, filesystem=True, limits=True, details=details)
+        why = self._bwrap_status.reason
+        nproc = (
+            "max_processes counts this sandbox's uid only"
+            if self._own_uid
+            else ("max_processes counts every process of that uid" if self._root_host else
+                  "max_processes is added to the host user's current process count")
+        )
+        leftovers = (
+            "leftover processes: all killed after each call (kill -1 as the sandbox's own uid)"
+            if self._own_uid
+            else "leftover processes: the process group is killed, and processes still carrying the "
+            f"sandbox's {MARKER_VAR} variable; one that leaves the group and clears its environment can survive"
+        )
+        files = (
+            "host files NOT isolated: whatever is world-readable can be read, world-writable written"
+            if self._root_host
+            else "host files NOT isolated: the host user's files can be read and written"
+        )
+        details = (f"no bubblewrap ({why}): plain rlimits only", who, "network NOT isolated", files, nproc, leftovers, lim)
+        return Isolation("local", network=False, filesystem=False, limits=True, details=details)
+
+    # ------------------------------------------------------------ argv
+    def _limit_args(self) -> list[str]:
+        L = self.limits
+        nproc = L.max_processes
+        if not self._use_bwrap and not self._own_uid and not self._root_host:
+            nproc += _count_processes_of(self.uid)  # RLIMIT_NPROC counts all of the user's processes
+        mem = L.memory_mb * 1024 * 1024
+        fsize = L.max_file_mb * 1024 * 1024
+        return [
+            f"--cpu={L.cpu_s}:{L.cpu_s + 1}",
+            f"--as={mem}:{mem}",
+            f"--nproc={nproc}:{nproc}",
+            f"--fsize={fsize}:{fsize}",
+            f"--nofile={L.max_open_files}:{L.max_open_files}",
+            "--core=0:0",
+        ]
+
+    def _limited(self, argv: list[str]) -> list[str]:
+        if self._prlimit:
+            return [self._prlimit, *self._limit_args(), "--", *argv]
+        # no prlimit: the sandbox's python sets the limits and execs the command
+        L = self.limits
+        spec = {
+            "CPU": (L.cpu_s, L.cpu_s + 1),
+            "AS": (L.memory_mb << 20,) * 2,
+            "NPROC": (L.max_processes,) * 2,
+            "FSIZE": (L.max_file_mb << 20,) * 2,
+            "NOFILE": (L.max_open_files,) * 2,
+            "CORE": (0, 0),
+        }
+        boot = (
+            "import os,resource,sys\n"
+            f"for k,v in {spec!r}.items(): resource.setrlimit(getattr(resource,'RLIMIT_'+k),v)\n"
+            "os.execvp(sys.argv[1],sys.argv[1:])"
+        )
+        return [self.python, "-S", "-c", boot, *argv]
+
+    def _bwrap_argv(self) -> list[str]:
+        assert self._bwrap is not None
+        return bwrap_argv(
+            self._bwrap,
+            run_dir=self._run,
+            work_dir=self._work,
+            tmp_dir=self._tmp,
+            python=self.python,
+            ro_binds=self._ro_binds,
+            limits=self.limits,
+        )
+
+    def _env(self, marker: str) -> dict[str, str]:
+        bindir = posixpath.join(self._run_inside, "bin")
+        pydir = os.path.dirname(self.python)
+        path = ":".join(dict.fromkeys([bindir, pydir, "/usr/local/bin", "/usr/bin", "/bin"]))
+        env = {
+            "PATH": path,
+            "HOME": self.workdir,
+            "TMPDIR": self._tmp_inside,
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "TERM": "dumb",
+            "USER": "sandbox",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONIOENCODING": "utf-8",
+            "PYTHONPATH": self.workdir,
+            MARKER_VAR: marker,
+        }
+        env.update(self._extra_env)
+        return env
+
+    # ------------------------------------------------------------- run
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran; a closed sandbox refuses every call."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+
+    def run(self, command: str | list[str], *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+        self._check_open()
+        if isinstance(command, str):
+            argv = ["/bin/sh", "-c", command]
+        elif isinstance(command, (list, tuple)) and command and all(isinstance(c, str) for c in command):
+            argv = list(command)
+        else:
+            raise SandboxError("command must be a string or a non-empty list of strings")
+        return self._exec(argv, timeout_s=timeout_s, stdin=stdin)
+
+    def run_python(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
+        self._check_open()
+        if not isinstance(code, str):
+            raise SandboxError("code must be a string")
+        name = f"snippet_{next(self._serial)}.py"
+        host = os.path.join(self._run, "snippets", name)
+        with open(host, "w", encoding="utf-8", errors="surrogatepass") as f:
+            f.write(code)
+        try:
+            return self._exec([self.python, posixpath.join(self._run_inside, "snippets", name)], timeout_s=timeout_s)
+        finally:
+            try:
+                os.unlink(host)
+            except OSError:
+                pass
+
+    def _exec_bwrap_probe(self, argv: list[str]) -> ExecResult:
+        self._use_bwrap = True
+        try:
+            return self._exec(argv, timeout_s=20)
+        finally:
+            self._use_bwrap = False
+
+    def _exec(self, argv: list[str], *, timeout_s: float | None, stdin: str | None = None) -> ExecResult:
+        timeout = float(self.limits.timeout_s if timeout_s is None else timeout_s)
+        if not timeout > 0:
+            raise SandboxError(f"timeout_s must be positive, got {timeout_s!r}")
+        marker = f"{os.getpid()}-{id(self):x}-{next(_COUNTER)}"
+        full = self._limited(argv)
+        if self._use_bwrap:
+            full = self._bwrap_argv() + full
+        kwargs: dict[str, Any] = {}
+        if self._root_host:
+            kwargs.update(user=self.uid, group=self.gid, extra_groups=[])
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                full,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self._env(marker),
+                cwd=self._work if not self._use_bwrap else self.root,
+                start_new_session=True,
+                close_fds=True,
+                **kwargs,
+            )
+        except OSError as err:
+            return ExecResult(
+                "crashed", None, "", "", time.monotonic() - start, message=f"the sandbox could not start the command: {err}"
+            )
+        call = _Call(proc, marker)
+        with self._lock:
+            self._calls.add(call)
+        try:
+            out, err_, dropped, timed_out = self._communicate(call, stdin, start + timeout)
+        finally:
+            self._finish(call)
+        duration = time.monotonic() - start
+        return self._result(proc.returncode, out, err_, dropped, timed_out, duration, timeout)
+
+
+    # ------------------------------------------------------- lifecycle
+    def _kill_all(self) -> None:
+        with self._lock:
+            calls = list(self._calls)
+        for c in calls:
+            c.killed = True
+            self._kill_call(c)
+        if self._own_uid is not None:
+            _kill_uid(self._own_uid)
+
+    def reset(self) -> None:
+        self._check_open()
+        self._kill_all()
+        for d in (self._work, self._tmp):
+            _rmtree(d)
+            os.mkdir(d, 0o700)
+            self._chown(d)
+        snippets = os.path.join(self._run, "snippets")
+        for name in os.listdir(snippets):
+            try:
+                os.unlink(os.path.join(snippets, name))
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._kill_all()
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else self.root
+        return f"<LocalSandbox {state}: {self.isolation.describe()}>"

@@ -52,7 +52,7 @@ class DockerPool:
         image: str | None = None,
         runtime: str | None = None,
         cpus: float = 1.0,
-        workspace_mb: int = 256,
+        workspace_mb: int | None = None,
         tmp_mb: int = 64,
         env: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,

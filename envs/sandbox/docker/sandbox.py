@@ -9,7 +9,20 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..base import OOM_HINTS, ExecResult, Limits, Sandbox, SandboxError, Status, oom_message, resolve_limits, signal_message
+from ..base import (
+    DISK_FULL_HINTS,
+    OOM_HINTS,
+    ExecResult,
+    Limits,
+    Sandbox,
+    SandboxError,
+    Status,
+    check_path_length,
+    disk_full_message,
+    oom_message,
+    resolve_limits,
+    signal_message,
+)
 from .framing import _READ, _WIPE, _WRITE, _exec, _ExecFailed, _Raw
 from .spec import WORKSPACE, _Container, _remove, _Spec
 
@@ -44,7 +57,8 @@ class DockerSandbox(Sandbox):
             ``tokengym-sandbox:bookworm``, or ``TOKENGYM_SANDBOX_IMAGE``).
         runtime: an OCI runtime known to the engine (``"runsc"`` for gVisor); default the engine's.
         cpus: the CPU quota.
-        workspace_mb, tmp_mb: sizes of the tmpfs workspace and ``/tmp`` (they count against memory).
+        workspace_mb, tmp_mb: sizes of the tmpfs workspace (default: the limits' ``disk_mb``) and ``/tmp``;
+            each holds at most ``max_files`` inodes of the limits. They count against memory.
         env: extra environment variables for every command.
         docker_host, client: which engine (default ``DOCKER_HOST`` or the default socket).
 
@@ -62,7 +76,7 @@ class DockerSandbox(Sandbox):
         image: str | None = None,
         runtime: str | None = None,
         cpus: float = 1.0,
-        workspace_mb: int = 256,
+        workspace_mb: int | None = None,
         tmp_mb: int = 64,
         env: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
@@ -213,6 +227,9 @@ class DockerSandbox(Sandbox):
             # The allocation was refused (MemoryError, ENOMEM) before the OOM killer had to act.
             status = "oom"
             message = oom_message(self.limits)
+        elif any(h in raw.stderr.tail.decode("utf-8", "replace") for h in DISK_FULL_HINTS):
+            status = "error"
+            message = disk_full_message(self.limits, code)
         else:
             status = "error"
             message = f"exited with code {code}"
@@ -291,7 +308,7 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"path {path!r} is outside the workspace")
         if norm == ".":
             raise SandboxError(f"path {path!r} names the workspace itself, not a file")
-        return norm.split("/")
+        return check_path_length(norm.split("/"), path)
 
     def _file_error(self, verb: str, path: str, result: ExecResult) -> SandboxError:
         why = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.message

@@ -67,7 +67,7 @@ class _Spec:
         image: str | None,
         runtime: str | None,
         cpus: float,
-        workspace_mb: int,
+        workspace_mb: int | None,
         tmp_mb: int,
         env: Mapping[str, str] | None,
         labels: Mapping[str, str] | None,
@@ -78,7 +78,7 @@ class _Spec:
         self.image = image or os.environ.get("TOKENGYM_SANDBOX_IMAGE") or DEFAULT_IMAGE
         self.runtime = runtime
         self.cpus = cpus
-        self.workspace_mb = workspace_mb
+        self.workspace_mb = limits.disk_mb if workspace_mb is None else workspace_mb
         self.tmp_mb = tmp_mb
         self.env = {**ENV, **(env or {})}
         self.labels = dict(labels or {})
@@ -106,8 +106,8 @@ class _Spec:
             network_mode="none",
             read_only=True,
             tmpfs={
-                WORKSPACE: f"rw,exec,nosuid,nodev,size={self.workspace_mb}m,uid=1000,gid=1000,mode=0755",
-                "/tmp": f"rw,nosuid,nodev,size={self.tmp_mb}m,mode=1777",
+                WORKSPACE: f"rw,exec,nosuid,nodev,size={self.workspace_mb}m,nr_inodes={lim.max_files},uid=1000,gid=1000,mode=0755",
+                "/tmp": f"rw,nosuid,nodev,size={self.tmp_mb}m,nr_inodes={lim.max_files},mode=1777",
             },
             mem_limit=mem,
             memswap_limit=mem,
@@ -168,17 +168,30 @@ class _Spec:
         filesystem = bool(hc.get("ReadonlyRootfs")) and not hc.get("Binds") and not mounts_from_host
         hardened = "ALL" in (hc.get("CapDrop") or []) and "no-new-privileges" in (hc.get("SecurityOpt") or [])
         limits = bool(hc.get("Memory")) and bool(hc.get("PidsLimit")) and bool(hc.get("NanoCpus")) and hardened
+        tmpfs = hc.get("Tmpfs") or {}
+        quota = all("size=" in (tmpfs.get(p) or "") and "nr_inodes=" in (tmpfs.get(p) or "") for p in (WORKSPACE, "/tmp"))
         details = [
             f"image {cfg.get('Image', self.image)}",
             f"runtime {hc.get('Runtime') or 'runc'}",
             f"user {SANDBOX_USER}",
-            f"memory {hc.get('Memory', 0) >> 20} MB, pids {hc.get('PidsLimit')}, cpus {hc.get('NanoCpus', 0) / 1e9:g}",
+            f"memory {hc.get('Memory', 0) >> 20} MB, pids {hc.get('PidsLimit')}, cpus {hc.get('NanoCpus', 0) / 1e9:g} "
+            "(for the whole container)",
+            f"disk quota: workspace {self.workspace_mb} MB, /tmp {self.tmp_mb} MB, {self.limits.max_files} files each (tmpfs)",
+            "nothing outlives close(): the container, its tmpfs and its IPC namespace are removed",
         ]
         if not hardened:
             details.append("NOT hardened: capabilities or no-new-privileges missing")
         if not _swap_limited(self.client):
             details.append("the kernel does not limit swap")
-        return Isolation(backend="docker", network=network, filesystem=filesystem, limits=limits, details=tuple(details))
+        return Isolation(
+            backend="docker",
+            network=network,
+            filesystem=filesystem,
+            limits=limits,
+            details=tuple(details),
+            group_limits=limits,
+            disk_quota=quota,
+        )
 
 
 def _remove(client: Any, cid: str) -> None:

@@ -8,12 +8,26 @@ import signal
 import subprocess
 import threading
 import time
+from typing import Any
 
-from ..base import OOM_HINTS, ExecResult, Limits, Status, oom_message, signal_message
+from ..base import (
+    DISK_FULL_HINTS,
+    OOM_HINTS,
+    ExecResult,
+    Limits,
+    Status,
+    disk_full_message,
+    oom_message,
+    quota_message,
+    signal_message,
+)
+from .cgroups import Cgroup
+from .quota import usage
 from .uids import _kill_by_marker, _kill_uid
 
 _DRAIN_GRACE_S = 0.5  # after the main process ends (or is killed): how long pipes may stay open
 _READ_CHUNK = 1 << 16
+_WATCH_EVERY_S = 0.2  # how often the quota watchdog measures the workspace during a call
 
 
 class _Call:
@@ -23,6 +37,9 @@ class _Call:
         self.proc = proc
         self.marker = marker
         self.killed = False
+        self.baseline: tuple[int, int] | None = None
+        """The workspace's (bytes, files) when the call started (watchdog quota only)."""
+        self.over_quota = False
 
 
 def _killpg(proc: subprocess.Popen[bytes]) -> None:
@@ -43,6 +60,22 @@ class _Runner:
     _calls: set[_Call]
     _use_bwrap: bool
     _own_uid: int | None
+    _cgroup: Cgroup | None
+    _watched: Any  # LocalSandbox's: () -> (paths, max bytes, max files) | None
+
+    def _check_quota(self, call: _Call) -> bool:
+        """Watchdog: True (and the call killed) when the workspace went past its quota and grew
+        during this call (a call that only deletes is never stopped)."""
+        watched = self._watched()
+        if watched is None or call.baseline is None:
+            return False
+        paths, max_bytes, max_files = watched
+        used, files = usage(paths, max_bytes=max_bytes, max_files=max_files)
+        over = (used > max_bytes and used > call.baseline[0]) or (files > max_files and files > call.baseline[1])
+        if over and not call.over_quota:
+            call.over_quota = True
+            self._kill_call(call)
+        return over
 
     def _communicate(
         self, call: _Call, stdin: str | None, deadline: float
@@ -75,6 +108,7 @@ class _Runner:
         exited = False
         timed_out = False
         drain_until: float | None = None
+        next_watch = time.monotonic() + _WATCH_EVERY_S if call.baseline is not None else None
         try:
             while True:
                 open_pipes = sum(1 for fd in bufs if fd in sel.get_map())
@@ -88,9 +122,17 @@ class _Runner:
                     drain_until = time.monotonic() + _DRAIN_GRACE_S
                 if drain_until is not None and now >= drain_until:
                     break
+                if next_watch is not None and not exited and now >= next_watch:
+                    if self._check_quota(call):
+                        next_watch = None
+                        drain_until = time.monotonic() + _DRAIN_GRACE_S
+                    else:
+                        next_watch = time.monotonic() + _WATCH_EVERY_S
                 limit = (drain_until if drain_until is not None else deadline) - now
                 if pidfd is None and not exited:
                     limit = min(limit, 0.01)
+                if next_watch is not None and not exited:
+                    limit = min(limit, max(0.0, next_watch - now))
                 for key, _ in sel.select(timeout=max(0.0, limit)):
                     fd = key.fd
                     if fd == pidfd:
@@ -174,9 +216,21 @@ class _Runner:
             # nothing of this sandbox may outlive its last running call (nor, as zombies, hold
             # its process limit against the next call)
             _kill_uid(self._own_uid, zombies_at_most=self.limits.max_processes // 4)
+        if last and self._cgroup is not None and not self._use_bwrap:
+            self._cgroup.kill_all()  # whatever left the process group and changed its environment
 
     def _result(
-        self, rc: int | None, out: bytes, err: bytes, dropped: tuple[int, int], timed_out: bool, duration: float, timeout: float
+        self,
+        rc: int | None,
+        out: bytes,
+        err: bytes,
+        dropped: tuple[int, int],
+        timed_out: bool,
+        duration: float,
+        timeout: float,
+        *,
+        oom: bool = False,
+        over_quota: bool = False,
     ) -> ExecResult:
         stdout = out.decode("utf-8", "replace")
         stderr = err.decode("utf-8", "replace")
@@ -186,9 +240,15 @@ class _Runner:
             sig = -rc
         elif rc is not None and 128 < rc <= 128 + 64 and (rc - 128) in _SIGNAL_NUMBERS:
             sig = rc - 128  # bubblewrap and shells report a child killed by signal N as 128 + N
-        if timed_out:
+        if over_quota:
+            status, code = "killed", rc
+            message = quota_message(self.limits)
+        elif timed_out:
             status, code = "timeout", None
             message = f"timed out after {timeout:g} s; the process and its children were killed"
+        elif oom:  # the memory cgroup's OOM killer ended a process of this call
+            status, code = "oom", rc
+            message = oom_message(self.limits)
         elif self._use_bwrap and rc == 1 and stderr.startswith("bwrap:"):
             status, code = "crashed", rc
             message = f"the sandbox failed to start: {stderr.strip().splitlines()[0]}"
@@ -200,6 +260,9 @@ class _Runner:
         elif sig is not None:
             status, code = "killed", rc
             message = signal_message(sig, self.limits)
+        elif any(h in stderr[-2048:] for h in DISK_FULL_HINTS):
+            status, code = "error", rc
+            message = disk_full_message(self.limits, rc)
         else:
             status, code = "error", rc
             message = f"exited with code {rc}"

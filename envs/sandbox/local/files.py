@@ -5,29 +5,12 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
-import shutil
 import stat
 from collections.abc import Sequence
 from typing import Any
 
-from ..base import SandboxError
+from ..base import SandboxError, check_path_length
 from .paths import WORKDIR_INSIDE
-
-def _rmtree(path: str) -> None:
-    def retry(func: Any, p: str, _exc: Any) -> None:
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-        except OSError:
-            pass
-        try:
-            func(p)
-        except OSError:
-            pass
-
-    if os.path.lexists(path):
-        shutil.rmtree(path, onerror=retry)  # fd-based on Linux: never follows a symlink out
-
 
 class _WorkspaceFiles:
     """The part of :class:`LocalSandbox` that reads and writes workspace files for the host."""
@@ -55,7 +38,7 @@ class _WorkspaceFiles:
             raise SandboxError(f"path {path!r} is outside the workspace")
         if norm == ".":
             raise SandboxError(f"path {path!r} names the workspace itself, not a file")
-        return norm.split("/")
+        return check_path_length(norm.split("/"), path)
 
     def _open_dir(self, parts: Sequence[str], *, create: bool) -> int:
         """An fd of the directory ``parts`` under the workspace, never following a symlink."""
@@ -87,6 +70,15 @@ class _WorkspaceFiles:
         self._check_open()
         data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
         parts = self._parts(path)
+        try:
+            self._write(path, parts, data)
+        except OSError as err:  # a full workspace, a name the file system refuses...
+            why = err.strerror or str(err)
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                why += " (the workspace is full: remove files in it)"
+            raise SandboxError(f"cannot write {path!r}: {why}") from None
+
+    def _write(self, path: str, parts: list[str], data: bytes) -> None:
         try:
             dfd = self._open_dir(parts[:-1], create=True)
         except SandboxError:
@@ -124,6 +116,12 @@ class _WorkspaceFiles:
         self._check_open()
         parts = self._parts(path)
         try:
+            return self._read(path, parts, max_bytes)
+        except OSError as err:
+            raise SandboxError(f"cannot read {path!r}: {err.strerror or err}") from None
+
+    def _read(self, path: str, parts: list[str], max_bytes: int | None) -> bytes:
+        try:
             dfd = self._open_dir(parts[:-1], create=False)
         except FileNotFoundError:
             raise SandboxError(f"no file {path!r} in the workspace") from None
@@ -142,7 +140,7 @@ class _WorkspaceFiles:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
                     raise SandboxError(f"{path!r} is not a regular file")
-                if self._root_host and st.st_uid not in (self.uid, os.getuid()):
+                if st.st_uid != self.uid:  # a hard link to someone else's file (root's, the host's)
                     raise SandboxError(f"{path!r} belongs to another user (uid {st.st_uid}); it is not read")
                 limit = st.st_size if max_bytes is None else min(max_bytes, st.st_size)
                 chunks = []

@@ -14,80 +14,35 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ..base import ExecResult, Isolation, Limits, Sandbox, SandboxError, resolve_limits
 from .bwrap import BwrapStatus, bwrap_argv, bwrap_status, find_bwrap
-from .execute import _Call, _killpg, _Runner
-from .files import _rmtree, _WorkspaceFiles
-from .paths import INSIDE_UID, RUNDIR_INSIDE, TMP_PREFIX, WORKDIR_INSIDE
+from .cgroups import Cgroup, cgroup_support
+from .execute import _Call, _Runner
+from .files import _WorkspaceFiles
+from .leftovers import empty_dir, remove_uid_leftovers
+from .quota import MountError, mount_tmpfs, unmount, usage
+from .paths import INSIDE_UID, RUNDIR_INSIDE, TMP_PREFIX, WORKDIR_INSIDE, _pick_python
+from .resources import _cleanup, _Resources
 from .uids import MARKER_VAR, _count_processes_of, _fresh_uid, _is_root, _kill_uid, _release_uid
 
 IsolationMode = Literal["auto", "bwrap", "none"]
 
 
-def _accessible(path: str, uid: int, gid: int, *, need: int = os.X_OK | os.R_OK) -> bool:
-    """Whether ``uid``/``gid`` (no supplementary groups) may reach and use ``path`` (by mode bits)."""
-
-    def allowed(st: os.stat_result, bits: int) -> bool:
-        mode = st.st_mode
-        if uid == 0:
-            return True
-        if st.st_uid == uid:
-            shift = 6
-        elif st.st_gid == gid:
-            shift = 3
-        else:
-            shift = 0
-        have = (mode >> shift) & 7
-        return (have & bits) == bits
-
-    try:
-        path = os.path.realpath(path)
-        parts = path.split("/")
-        for i in range(1, len(parts) - 1):
-            d = "/".join(parts[: i + 1]) or "/"
-            if not allowed(os.stat(d), 1):  # search permission on every ancestor
-                return False
-        return allowed(os.stat(path), need)
-    except OSError:
-        return False
-
-
-def _pick_python(uid: int, gid: int) -> str:
-    """An interpreter the sandbox user can run: this one (its base install), else a system python3."""
-    candidates = [
-        getattr(sys, "_base_executable", None) or sys.executable,
-        sys.executable,
-        "/usr/bin/python3",
-        "/usr/local/bin/python3",
-        shutil.which("python3") or "",
-    ]
-    for c in candidates:
-        if not c:
-            continue
-        real = os.path.realpath(c)
-        if os.path.isfile(real) and _accessible(real, uid, gid):
-            return real
-    raise SandboxError(
-        "no Python interpreter that the sandbox user can run (this one lies under a private directory); "
-        "install python3 under /usr or pass python=..."
-    )
-
-
 _COUNTER = itertools.count()
 
 
-def _cleanup(root: str, uid: int | None, calls: set[_Call]) -> None:
-    """Finalizer: kill what still runs and delete the directory (also at interpreter exit)."""
-    for c in list(calls):
-        _killpg(c.proc)
-    if uid is not None:
-        _kill_uid(uid)
-        _release_uid(uid)
-    _rmtree(root)
+NO_ISOLATION_HELP = (
+    "no isolation for the local sandbox: this process runs as uid {uid} (not root) and bubblewrap does not "
+    "work here ({reason}), so sandboxed code would run as you, read your files and environment and signal "
+    "your processes (the trainer's too). Install bubblewrap (apt-get install bubblewrap; unprivileged user "
+    'namespaces must be allowed), or use the Docker backend (make_sandbox("docker")); isolation="none" '
+    "runs it as you anyway, with a warning"
+)
 
 
 class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
@@ -108,6 +63,7 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
         ro_binds: extra host paths shown read-only inside bubblewrap (e.g. a virtualenv).
         env: extra environment variables for every command.
         tmp_root: where the sandbox's directory is made (default: the system temp directory).
+        tmp_mb: the size of the sandbox's own ``/tmp`` (the workspace's is ``disk_mb`` of the limits).
 
     :attr:`workdir` is the workspace as the commands see it (``/workspace`` under bubblewrap,
     the host path without). Paths given to :meth:`write_file` and :meth:`read_file` are relative
@@ -124,6 +80,7 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
         ro_binds: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         tmp_root: str | None = None,
+        tmp_mb: int = 64,
         bwrap: str | None = None,
         _bwrap_for_probe: str | None = None,
         **limit_overrides: Any,
@@ -168,6 +125,17 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
                 self._bwrap = bwrap or find_bwrap()
             self._bwrap_status = status
         self._use_bwrap = self._bwrap is not None and _bwrap_for_probe is None
+        probe = _bwrap_for_probe is not None
+        if not self._root_host and not self._use_bwrap and not probe:
+            help_text = NO_ISOLATION_HELP.format(uid=self.uid, reason=self._bwrap_status.reason)
+            if isolation != "none":
+                raise SandboxError(help_text)
+            warnings.warn(
+                f'LocalSandbox(isolation="none") as uid {self.uid}: commands run as you, with your files, environment '
+                "and processes within reach; install bubblewrap or use the Docker backend for isolation",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
         try:
             self.python = os.path.realpath(python) if python else _pick_python(self.uid, self.gid)
@@ -180,11 +148,32 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
         self._ro_binds = tuple(os.path.realpath(p) for p in ro_binds)
         self._extra_env = dict(env or {})
 
+        self._tmp_mb = tmp_mb
+        self._cgroup: Cgroup | None = None
+        self._cgroup_note = "not tried"
+        self._quota = "none"  # "tmpfs", "watchdog" or "none" (the probe)
+        self._quota_note = ""
+
         # the directory
-        self.root = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=tmp_root)
-        self._finalizer = weakref.finalize(self, _cleanup, self.root, self._own_uid, self._calls)
         try:
-            self._layout()
+            self.root = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=tmp_root)
+        except OSError as err:
+            self._release_own_uid()
+            where = tmp_root or tempfile.gettempdir()
+            raise SandboxError(
+                f"cannot create the sandbox's directory in {where}: {err.strerror}; free space there or pass tmp_root=..."
+            ) from None
+        self._res = _Resources(self.root, self._own_uid, self._calls)
+        if self._own_uid is not None and not self._use_bwrap and not probe:
+            self._res.sweep_uid = self._own_uid
+        self._finalizer = weakref.finalize(self, _cleanup, self._res)
+        try:
+            self._layout(probe)
+            if not probe:
+                self._setup_cgroup()
+        except OSError as err:
+            self._finalizer()
+            raise SandboxError(f"cannot set the sandbox up in {self.root}: {err}") from None
         except BaseException:
             self._finalizer()
             raise
@@ -211,11 +200,13 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
         if self._root_host:
             os.chown(path, self.uid, self.gid, follow_symlinks=False)
 
-    def _layout(self) -> None:
+    def _layout(self, probe: bool) -> None:
         os.chmod(self.root, 0o711 if self._root_host else 0o700)
         for d in (self._work, self._tmp):
             os.mkdir(d, 0o700)
             self._chown(d)
+        if not probe:
+            self._mount_quota()
         os.mkdir(self._run, 0o755)
         bindir = os.path.join(self._run, "bin")
         os.mkdir(bindir, 0o755)
@@ -227,22 +218,76 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
             f.write(f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{INSIDE_UID}:{INSIDE_UID}:sandbox:{WORKDIR_INSIDE}:/bin/sh\n")
         with open(os.path.join(etc, "group"), "w") as f:
             f.write(f"root:x:0:\nsandbox:x:{INSIDE_UID}:\n")
-        os.mkdir(os.path.join(self._run, "snippets"), 0o755)
+        os.mkdir(os.path.join(self._run, "snippets"), 0o711)  # each snippet: 0600, the sandbox uid's
+
+    def _mount_quota(self) -> None:
+        """A sized tmpfs on the workspace and on /tmp where this process may mount, else the watchdog."""
+        L = self.limits
+        if not self._root_host:
+            self._quota, self._quota_note = "watchdog", "not root: no tmpfs of its own"
+            return
+        try:
+            for d, size in ((self._work, L.disk_mb), (self._tmp, self._tmp_mb)):
+                mount_tmpfs(d, size_mb=size, inodes=L.max_files, uid=self.uid, gid=self.gid)
+                self._res.mounts.append(d)
+            self._quota = "tmpfs"
+        except MountError as err:
+            for d in list(self._res.mounts):
+                unmount(d)
+                self._res.mounts.remove(d)
+            self._quota, self._quota_note = "watchdog", str(err)
+
+    def _setup_cgroup(self) -> None:
+        support = cgroup_support()
+        self._cgroup_note = support.reason
+        if not support.kind:
+            return
+        try:
+            self._cgroup = self._res.cgroup = Cgroup(
+                support, memory_mb=self.limits.memory_mb, max_processes=self.limits.max_processes, uid=self.uid, gid=self.gid
+            )
+        except OSError as err:
+            self._cgroup_note = f"cannot create the sandbox's cgroup: {err}"
+
+    def _watched(self) -> tuple[list[str], int, int] | None:
+        """What the quota watchdog measures (paths, bytes, files), or None where a tmpfs holds it."""
+        if self._quota != "watchdog":
+            return None
+        return [self._work, self._tmp], self.limits.disk_mb << 20, self.limits.max_files
 
     def _release_own_uid(self) -> None:
         if self._own_uid is not None:
             _release_uid(self._own_uid)
 
     def _describe(self) -> Isolation:
-        limits = self.limits
+        L = self.limits
+        group = self._cgroup is not None
         lim = (
-            f"limits: {limits.cpu_s} CPU s, {limits.memory_mb} MB address space, {limits.max_processes} processes, "
-            f"{limits.max_file_mb} MB files, {limits.max_open_files} open files, {limits.timeout_s:g} s wall"
+            f"limits: {L.cpu_s} CPU s per process, {L.memory_mb} MB memory "
+            f"({'for the whole sandbox' if group else 'address space per process'}), {L.max_processes} processes "
+            f"({'for the whole sandbox' if group else 'per uid'}), {L.max_file_mb} MB files, "
+            f"{L.max_open_files} open files, {L.timeout_s:g} s wall"
         )
+        grouping = (
+            self._cgroup.describe()
+            if self._cgroup is not None
+            else f"memory and max_processes hold per process only, not for the sandbox as a whole ({self._cgroup_note})"
+        )
+        if self._quota == "tmpfs":
+            quota = (
+                f"disk quota: the workspace {L.disk_mb} MB and /tmp {self._tmp_mb} MB, {L.max_files} files each "
+                "(a tmpfs each: their pages are memory)"
+            )
+        else:
+            quota = (
+                f"disk quota: {L.disk_mb} MB and {L.max_files} files over the workspace and /tmp together, held by a "
+                f"watchdog that stops a call past it ({self._quota_note})"
+            )
         if self._root_host:
             who = f"runs as uid {self.uid} (not root; a uid of its own)" if self._own_uid else f"runs as uid {self.uid} (not root)"
         else:
             who = f"runs as the host user (uid {self.uid})"
+        common = dict(limits=True, group_limits=group, disk_quota=self._quota != "none")
         if self._use_bwrap:
             details = (
                 self._bwrap_status.version or "bubblewrap",
@@ -251,9 +296,11 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
                 f"files: /usr and the interpreter read-only, private /tmp, workspace {WORKDIR_INSIDE} read-write; "
                 "the rest of the host is not there",
                 "every process of a call dies with it (pid namespace, --die-with-parent)",
+                grouping,
+                quota,
                 lim,
             )
-            return Isolation("local", network=True, filesystem=True, limits=True, details=details)
+            return Isolation("local", network=True, filesystem=True, details=details, **common)
         why = self._bwrap_status.reason
         nproc = (
             "max_processes counts this sandbox's uid only"
@@ -262,18 +309,21 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
                   "max_processes is added to the host user's current process count")
         )
         leftovers = (
-            "leftover processes: all killed after each call (kill -1 as the sandbox's own uid)"
+            "leftover processes: all killed after each call (kill -1 as the sandbox's own uid); at close its files in "
+            "/tmp, /var/tmp, /dev/shm and its System V IPC objects are removed too"
             if self._own_uid
             else "leftover processes: the process group is killed, and processes still carrying the "
-            f"sandbox's {MARKER_VAR} variable; one that leaves the group and clears its environment can survive"
+            f"sandbox's {MARKER_VAR} variable; one that leaves the group and clears its environment can survive; "
+            "files it leaves in /tmp, /var/tmp or /dev/shm are NOT removed (the uid is not its own)"
         )
         files = (
             "host files NOT isolated: whatever is world-readable can be read, world-writable written"
             if self._root_host
-            else "host files NOT isolated: the host user's files can be read and written"
+            else "host files NOT isolated: the host user's files, environment and processes are within reach "
+            "(it can read them, write them, signal them)"
         )
-        details = (f"no bubblewrap ({why}): plain rlimits only", who, "network NOT isolated", files, nproc, leftovers, lim)
-        return Isolation("local", network=False, filesystem=False, limits=True, details=details)
+        details = (f"no bubblewrap ({why}): plain rlimits only", who, "network NOT isolated", files, nproc, leftovers, grouping, quota, lim)
+        return Isolation("local", network=False, filesystem=False, details=details, **common)
 
     # ------------------------------------------------------------ argv
     def _limit_args(self) -> list[str]:
@@ -371,8 +421,24 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
             raise SandboxError("code must be a string")
         name = f"snippet_{next(self._serial)}.py"
         host = os.path.join(self._run, "snippets", name)
-        with open(host, "w", encoding="utf-8", errors="surrogatepass") as f:
-            f.write(code)
+        try:  # 0600 and the sandbox uid's: no other sandbox on the host may read it
+            fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                if self._root_host:
+                    os.fchown(fd, self.uid, self.gid)
+                view = memoryview(code.encode("utf-8", "surrogatepass"))
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+        except OSError as err:
+            try:
+                os.unlink(host)
+            except OSError:
+                pass
+            return ExecResult(
+                "crashed", None, "", "", 0.0, message=f"the sandbox could not store the snippet on the host ({err.strerror}); it did not run"
+            )
         try:
             return self._exec([self.python, posixpath.join(self._run_inside, "snippets", name)], timeout_s=timeout_s)
         finally:
@@ -396,6 +462,12 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
         full = self._limited(argv)
         if self._use_bwrap:
             full = self._bwrap_argv() + full
+        cgroup = self._cgroup
+        if cgroup is not None:
+            full = cgroup.join_argv(full)
+        ooms = cgroup.oom_kills() if cgroup is not None else -1
+        watched = self._watched()
+        baseline = usage(watched[0], max_bytes=watched[1], max_files=watched[2]) if watched else None
         kwargs: dict[str, Any] = {}
         if self._root_host:
             kwargs.update(user=self.uid, group=self.gid, extra_groups=[])
@@ -417,14 +489,20 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
                 "crashed", None, "", "", time.monotonic() - start, message=f"the sandbox could not start the command: {err}"
             )
         call = _Call(proc, marker)
+        call.baseline = baseline
         with self._lock:
             self._calls.add(call)
         try:
             out, err_, dropped, timed_out = self._communicate(call, stdin, start + timeout)
+            if watched is not None and not call.over_quota:
+                self._check_quota(call)  # what it wrote just before it exited
         finally:
             self._finish(call)
         duration = time.monotonic() - start
-        return self._result(proc.returncode, out, err_, dropped, timed_out, duration, timeout)
+        oom = cgroup is not None and ooms >= 0 and cgroup.oom_kills() > ooms
+        return self._result(
+            proc.returncode, out, err_, dropped, timed_out, duration, timeout, oom=oom, over_quota=call.over_quota
+        )
 
 
     # ------------------------------------------------------- lifecycle
@@ -436,14 +514,25 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
             self._kill_call(c)
         if self._own_uid is not None:
             _kill_uid(self._own_uid)
+        if self._cgroup is not None:
+            self._cgroup.kill_all()
 
     def reset(self) -> None:
         self._check_open()
         self._kill_all()
-        for d in (self._work, self._tmp):
-            _rmtree(d)
-            os.mkdir(d, 0o700)
-            self._chown(d)
+        try:
+            if self._res.sweep_uid is not None:
+                remove_uid_leftovers(self._res.sweep_uid)
+            for d, size in ((self._work, self.limits.disk_mb), (self._tmp, self._tmp_mb)):
+                if d in self._res.mounts:  # a fresh tmpfs: instant, whatever the tree was
+                    self._res.mounts.remove(d)
+                    unmount(d)
+                    mount_tmpfs(d, size_mb=size, inodes=self.limits.max_files, uid=self.uid, gid=self.gid)
+                    self._res.mounts.append(d)
+                else:
+                    empty_dir(d)
+        except OSError as err:
+            raise SandboxError(f"the sandbox could not empty its workspace: {err}") from None
         snippets = os.path.join(self._run, "snippets")
         for name in os.listdir(snippets):
             try:
@@ -452,10 +541,15 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
                 pass
 
     def close(self) -> None:
+        """Kill everything and remove everything (see the class docstring); never raises: what could
+        not be removed is a ``RuntimeWarning`` naming it."""
         if self._closed:
             return
         self._closed = True
-        self._kill_all()
+        try:
+            self._kill_all()
+        except Exception:  # noqa: BLE001 -- the finalizer kills again and reports what stays
+            pass
         self._finalizer()
 
     def __repr__(self) -> str:

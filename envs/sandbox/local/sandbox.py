@@ -406,27 +406,33 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
             raise SandboxError("the sandbox is closed")
 
     def run(self, command: str | list[str], *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+        """Run ``command``: a string goes to ``/bin/sh`` as a script file (0600, the sandbox uid's),
+        never in argv, where other processes on the host could read it in ``/proc/*/cmdline``."""
         self._check_open()
         if isinstance(command, str):
-            argv = ["/bin/sh", "-c", command]
-        elif isinstance(command, (list, tuple)) and command and all(isinstance(c, str) for c in command):
-            argv = list(command)
-        else:
-            raise SandboxError("command must be a string or a non-empty list of strings")
-        return self._exec(argv, timeout_s=timeout_s, stdin=stdin)
+            return self._run_stashed(command, "sh", ["/bin/sh"], timeout_s=timeout_s, stdin=stdin)
+        if isinstance(command, (list, tuple)) and command and all(isinstance(c, str) for c in command):
+            return self._exec(list(command), timeout_s=timeout_s, stdin=stdin)
+        raise SandboxError("command must be a string or a non-empty list of strings")
 
     def run_python(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
         self._check_open()
         if not isinstance(code, str):
             raise SandboxError("code must be a string")
-        name = f"snippet_{next(self._serial)}.py"
+        return self._run_stashed(code, "py", [self.python], timeout_s=timeout_s)
+
+    def _run_stashed(
+        self, text: str, ext: str, interpreter: list[str], *, timeout_s: float | None, stdin: str | None = None
+    ) -> ExecResult:
+        """Run ``text`` as a file given to ``interpreter``; the file is removed afterwards."""
+        name = f"snippet_{next(self._serial)}.{ext}"
         host = os.path.join(self._run, "snippets", name)
         try:  # 0600 and the sandbox uid's: no other sandbox on the host may read it
             fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 if self._root_host:
                     os.fchown(fd, self.uid, self.gid)
-                view = memoryview(code.encode("utf-8", "surrogatepass"))
+                view = memoryview(text.encode("utf-8", "surrogatepass"))
                 while view:
                     view = view[os.write(fd, view) :]
             finally:
@@ -440,7 +446,7 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
                 "crashed", None, "", "", 0.0, message=f"the sandbox could not store the snippet on the host ({err.strerror}); it did not run"
             )
         try:
-            return self._exec([self.python, posixpath.join(self._run_inside, "snippets", name)], timeout_s=timeout_s)
+            return self._exec([*interpreter, posixpath.join(self._run_inside, "snippets", name)], timeout_s=timeout_s, stdin=stdin)
         finally:
             try:
                 os.unlink(host)

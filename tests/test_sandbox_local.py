@@ -513,3 +513,30 @@ def test_a_non_root_host_without_bubblewrap_is_refused_unless_asked_for():
         disk = next(line for line in out.splitlines() if line.startswith("DISK"))
         assert disk.startswith("DISK killed") and "quota" in disk, disk
         assert "FREED ok" in out
+
+
+def test_remove_tree_takes_any_tree(tmp_path):
+    """Where the workspace is no tmpfs (no root), close() removes the tree itself: 3,000 levels
+    deep (shutil.rmtree would raise RecursionError), read-only directories, odd names."""
+    from tokengym.envs.sandbox.local.leftovers import remove_tree
+
+    top = tmp_path / "tree"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(3000):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        for name in (b"odd\nname", b"bad\xffbytes", b"-rf"):
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT, 0o400, dir_fd=fd))
+        os.fchmod(fd, 0o500)
+    finally:
+        os.close(fd)
+    (top / "ro").mkdir()
+    (top / "ro" / "f").write_text("x")
+    (top / "ro").chmod(0o500)
+    (top / "link").symlink_to(tmp_path)  # removed, never followed
+    remove_tree(str(top))
+    assert not top.exists() and tmp_path.exists()

@@ -3,9 +3,10 @@
 Each :class:`LocalSandbox` owns a temporary directory on the host::
 
     tokengym-sandbox-XXXX/      host-owned, mode 0711
-        work/                   the workspace (read-write for the sandbox)
-        tmp/                    the sandbox's private /tmp
-        run/                    host-owned, read-only for the sandbox: python links, /etc/passwd, snippets
+        work/                   the workspace (read-write for the sandbox; a sized tmpfs as root)
+        tmp/                    the sandbox's private /tmp (likewise)
+        run/                    host-owned, read-only for the sandbox: python links, /etc/passwd, and
+                                the snippets and shell scripts of running calls (0600, the sandbox uid's)
 
 Every call starts a fresh child process in its own session and process group, with a clean
 environment and resource limits (``prlimit``: CPU seconds, address space, processes, file
@@ -13,6 +14,16 @@ size, open files, no core files), and reads stdout and stderr through pipes with
 (the head is kept, the rest is counted and dropped: 100 MB of output never sits in memory).
 At the wall-clock limit the whole process group is killed; after every call whatever the
 command left running in the background is killed too.
+
+**The sandbox as a whole.** Where the host lets this process create a cgroup (v2 delegated, or
+the v1 ``memory`` and ``pids`` controllers as root), every call joins the sandbox's own cgroup
+first, so ``memory_mb`` and ``max_processes`` count all of its processes together
+(:mod:`.cgroups`); the workspace and ``/tmp`` are sized tmpfs mounts (disk and inode quota), or,
+without the privilege to mount, a watchdog stops a call past the quota (:mod:`.quota`).
+``close()`` removes every process, the cgroup, the mounts, any tree, and what the sandbox's own
+uid left in the host's ``/tmp``, ``/var/tmp``, ``/dev/shm`` and System V IPC (:mod:`.leftovers`).
+A host that is not root and has no working bubblewrap gets no unisolated sandbox unless it asks
+for ``isolation="none"``.
 
 **Isolation.** Where `bubblewrap <https://github.com/containers/bubblewrap>`_ works (checked by
 a probe run, not by looking for the binary), each call runs inside new user, pid, network,

@@ -83,6 +83,7 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
         tmp_mb: int = 64,
         bwrap: str | None = None,
         _bwrap_for_probe: str | None = None,
+        _per_process_only: bool = False,
         **limit_overrides: Any,
     ) -> None:
         if isolation not in ("auto", "bwrap", "none"):
@@ -164,6 +165,7 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
                 f"cannot create the sandbox's directory in {where}: {err.strerror}; free space there or pass tmp_root=..."
             ) from None
         self._res = _Resources(self.root, self._own_uid, self._calls)
+        probe = probe or _per_process_only  # (benchmarks/sandbox.py measures the cost of what follows)
         if self._own_uid is not None and not self._use_bwrap and not probe:
             self._res.sweep_uid = self._own_uid
         self._finalizer = weakref.finalize(self, _cleanup, self._res)
@@ -273,7 +275,9 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
             if self._cgroup is not None
             else f"memory and max_processes hold per process only, not for the sandbox as a whole ({self._cgroup_note})"
         )
-        if self._quota == "tmpfs":
+        if self._quota == "none":
+            quota = "disk quota: NONE (only each file's size is capped)"
+        elif self._quota == "tmpfs":
             quota = (
                 f"disk quota: the workspace {L.disk_mb} MB and /tmp {self._tmp_mb} MB, {L.max_files} files each "
                 "(a tmpfs each: their pages are memory)"

@@ -599,8 +599,22 @@ def test_concurrent_episodes_of_one_task_cannot_read_each_other(qwen25, isolatio
     """Two episodes of the same task at once, one spying on the other (its processes' argv and
     environment, the snippets and the grader's files of every sandbox on the host): nothing of
     the other's code, answer or expected result reaches the spy."""
+    spy_on_a_concurrent_episode(qwen25, {"sandbox_kwargs": {"isolation": isolation, "timeout_s": 30}})
+
+
+@pytest.mark.docker
+def test_concurrent_docker_episodes_cannot_read_each_other(qwen25):
+    try:
+        make_sandbox("docker").close()
+    except (ImportError, SandboxError) as err:
+        if os.environ.get("TOKENGYM_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"TOKENGYM_REQUIRE_DOCKER=1 but no Docker sandbox: {err}")
+        pytest.skip(f"no Docker sandbox: {err}")
+    spy_on_a_concurrent_episode(qwen25, {"sandbox": "docker", "sandbox_kwargs": {"timeout_s": 30}})
+
+
+def spy_on_a_concurrent_episode(qwen25, kwargs: dict) -> None:
     token = "tgspy" + os.urandom(6).hex()
-    kwargs = {"sandbox_kwargs": {"isolation": isolation, "timeout_s": 30}}
     spy = PythonSandboxEnv(qwen25, **kwargs)
     spy.reset(seed=0, options={"task_id": "coding-fibonacci"})
     victim = PythonSandboxEnv(qwen25, **kwargs)

@@ -193,7 +193,8 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     def write_file(self, path: str, content: str | bytes) -> None:
-        """Write a file at ``path`` relative to the workspace (parents created)."""
+        """Write a file at ``path`` relative to the workspace (parents created); :class:`SandboxError`
+        when it cannot be written (a full workspace, a name too long), never a raw ``OSError``."""
 
     @abc.abstractmethod
     def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
@@ -205,7 +206,8 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Kill everything and release every resource (processes, directories, containers)."""
+        """Kill everything and release every resource (processes, directories, containers, and
+        whatever the sandbox left on the host). Never raises."""
 
     @property
     @abc.abstractmethod

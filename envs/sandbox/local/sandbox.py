@@ -51,9 +51,12 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
     Args:
         limits: resource limits (:class:`Limits`); keyword overrides of its fields
             (``timeout_s=5``, ``memory_mb=256``...) may be given directly instead or on top.
-        isolation: ``"auto"`` uses bubblewrap when a probe run shows it works here, else plain
-            limits; ``"bwrap"`` requires it (:class:`SandboxError` with the reason when it does not
-            work); ``"none"`` never uses it (limits only: no network or file-system isolation).
+        isolation: ``"auto"`` uses bubblewrap when a probe run shows it works here, else (as root)
+            plain limits under a uid of its own; on a host that is not root, ``"auto"`` without a
+            working bubblewrap refuses (:class:`SandboxError` saying how to get isolation), since
+            the code would run as the host user. ``"bwrap"`` requires it (:class:`SandboxError`
+            with the reason when it does not work); ``"none"`` never uses it (limits only: no
+            network or file-system isolation; as a non-root user, with a ``RuntimeWarning``).
         python: the interpreter for :meth:`run_python` (and ``python``/``python3`` in shell
             commands). Default: this process's base interpreter when the sandbox user can run it,
             else a system ``python3``.

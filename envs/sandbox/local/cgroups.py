@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -96,12 +97,24 @@ def _try_make(parent: str, files: tuple[str, ...]) -> str | None:
         missing = [f for f in files if not os.path.exists(os.path.join(probe, f))]
         if missing:
             return f"a cgroup under {parent} has no {', '.join(missing)} (controller not enabled there)"
+        # a process must be able to move itself in, as every call's first process does
+        # (cgroup v2 refuses it where its rules on internal processes or domains forbid it)
+        join = subprocess.run(
+            ["/bin/sh", "-c", 'echo $$ > "$1"', "sandbox-join", os.path.join(probe, "cgroup.procs")],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+        if join.returncode != 0:
+            return f"a process cannot join a cgroup under {parent}: {join.stderr.strip()[-200:]}"
         return None
     finally:
-        try:
-            os.rmdir(probe)
-        except OSError:
-            pass
+        for _ in range(200):  # the joined process has exited; its cgroup empties at once, or nearly
+            try:
+                os.rmdir(probe)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.005)
 
 
 def _detect() -> CgroupSupport:

@@ -7,6 +7,9 @@ sandbox start once per episode. This measures, in one run and on the same machin
   inspect of a hardened container) and closing it;
 * exec: one Python snippet (``run_python``) and one trivial shell command in a live sandbox;
 * one-shot: start + one snippet + close (what a fresh sandbox per call would cost);
+* the cost of the local sandbox's whole-sandbox limits (a cgroup for memory and processes, a
+  tmpfs with a disk and inode quota for the workspace and ``/tmp``): the same measurements with
+  and without them, side by side;
 * episode start: ``DockerPool.acquire()`` of a ready container vs a cold ``DockerSandbox()``,
   while episodes run back to back (each: a snippet, a file written and read, close), for both
   recycling modes; with the episodes/s that result and how many acquisitions missed the pool.
@@ -69,6 +72,7 @@ def bench_backend(make: Callable[[], object], n: int) -> dict:
         assert sb.run_python(SNIPPET).ok
         rows["exec python snippet"] = summary(timed(lambda: sb.run_python(SNIPPET), n * 2))
         rows["exec shell `true`"] = summary(timed(lambda: sb.run(["true"]), n * 2))
+        rows["exec shell string `true`"] = summary(timed(lambda: sb.run("true"), n * 2))
 
     def one_shot():
         with make() as sb:
@@ -106,6 +110,7 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=40, help="episodes per pool / cold run")
     p.add_argument("--pool-size", type=int, default=4)
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--local-only", action="store_true", help="skip the Docker rows")
     args = p.parse_args()
 
     from tokengym.envs.sandbox import Limits
@@ -113,6 +118,7 @@ def main() -> None:
     limits = Limits(timeout_s=10)
     results: dict[str, dict] = {}
     notes = []
+    limits_cost: dict[str, dict] | None = None
 
     try:
         from tokengym.envs.sandbox import LocalSandbox
@@ -120,12 +126,23 @@ def main() -> None:
         local = LocalSandbox(limits)
         notes.append(f"local: {local.isolation.describe()}")
         local.close()
-        results["local"] = bench_backend(lambda: LocalSandbox(limits), args.n)
+        # the two alternate, so that both see the same machine state
+        before: dict[str, list[dict]] = {}
+        after: dict[str, list[dict]] = {}
+        for _ in range(3):
+            for into, kwargs in ((before, {"_per_process_only": True}), (after, {})):
+                for row, r in bench_backend(lambda kw=kwargs: LocalSandbox(limits, **kw), max(1, args.n // 3)).items():
+                    into.setdefault(row, []).append(r)
+        merged = {name: {row: min(rs, key=lambda r: r["p50_ms"]) for row, rs in d.items()} for name, d in (("before", before), ("after", after))}
+        results["local"] = merged["after"]
+        limits_cost = merged
     except ImportError as e:
         notes.append(f"local: not available ({e})")
 
     docker_ok = False
     try:
+        if args.local_only:
+            raise RuntimeError("--local-only")
         from tokengym.envs.sandbox import DockerPool, DockerSandbox
         from tokengym.envs.sandbox.docker import docker_client
 
@@ -172,6 +189,15 @@ def main() -> None:
                 ratio = f" {results['docker'][row]['p50_ms'] / results['local'][row]['p50_ms']:.1f}x |"
             print(f"| {row} | " + " | ".join(cells) + " |" + ratio)
         print()
+    if limits_cost:
+        print("The local sandbox's whole-sandbox limits (cgroup memory + pids, tmpfs disk + inode quota) vs per-process")
+        print("rlimits only, as before (the best of 3 alternating rounds each):\n")
+        print("| measurement | per process p50 ms | whole sandbox p50 ms | per process p95 ms | whole sandbox p95 ms | ratio (p50) |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for row, b in limits_cost["before"].items():
+            a = limits_cost["after"][row]
+            print(f"| {row} | {b['p50_ms']:.1f} | {a['p50_ms']:.1f} | {b['p95_ms']:.1f} | {a['p95_ms']:.1f} | {a['p50_ms'] / b['p50_ms']:.2f}x |")
+        print()
     if episodes:
         cold = episodes["cold DockerSandbox()"]
         print(f"{args.episodes} episodes back to back (each: a snippet, a file written and read, close):\n")
@@ -184,7 +210,7 @@ def main() -> None:
         print()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"notes": notes, "backends": results, "episodes": episodes}, f, indent=2)
+            json.dump({"notes": notes, "backends": results, "episodes": episodes, "local_limits_cost": limits_cost}, f, indent=2)
 
 
 if __name__ == "__main__":

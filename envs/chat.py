@@ -275,10 +275,18 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         return np.array(obs_ids, dtype=np.int64), float(response.reward), terminated, done and not terminated, info
 
     def render(self) -> str | None:
-        """``"ansi"``: the stream's text with segment markers."""
+        """``"ansi"``: the stream's text with segment markers.
+
+        The text is shown, never obeyed: control characters in it (terminal escape sequences from a
+        tool's output or the model's text, which could move the cursor, rewrite earlier lines or
+        retitle the terminal) are written out as ``\\xNN``; only newlines and tabs pass.
+        """
         if self.render_mode != "ansi" or self._pieces is None:
             return None
-        return "".join(f"\x1b[{'32' if p.kind == 'action' else '90'}m{p.text}\x1b[0m" for p in self._pieces)
+        controls = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (0x09, 0x0A)}
+        return "".join(
+            f"\x1b[{'32' if p.kind == 'action' else '90'}m{p.text.translate(controls)}\x1b[0m" for p in self._pieces
+        )
 
     # ------------------------------------------------------------- internals
     def validate_action(self, action: Any) -> np.ndarray:

@@ -19,6 +19,11 @@ caps, leftovers, the host-side file API) never skip.
 
 Traffic stays on this machine: the network check only tries to reach listeners it opens
 itself on 127.0.0.1 and on an abstract unix socket.
+
+:data:`LIFECYCLE_CHECKS` take a function that makes a fresh sandbox instead (they close it):
+what a sandbox leaves on the host must be gone after ``close()``, whatever it built.
+Every check looks only at what it made itself (files and IPC keys named by a random token,
+processes by a random marker), never at the rest of the machine, where other sandboxes may run.
 """
 
 from __future__ import annotations
@@ -53,7 +58,12 @@ __all__ = [
     "check_read_host_files",
     "check_symlink_escape",
     "check_write_outside",
+    "check_memory_for_the_whole_sandbox",
+    "check_disk_quota",
+    "check_long_names",
+    "check_nothing_outlives_close",
     "host_pids_with",
+    "LIFECYCLE_CHECKS",
 ]
 
 PROJECT_FILE = Path(__file__).resolve().parent.parent / "pyproject.toml"
@@ -271,7 +281,8 @@ def check_fork_bomb(sb: Sandbox) -> None:
     """A shell and a Python fork bomb are contained by the process limit and the timeout, and
     nothing of them is left on the host afterwards."""
     marker = _marker()
-    r = sb.run(f"# {marker}\nbomb() {{ bomb | bomb & }}; bomb; sleep 3", timeout_s=4)
+    # (the marker is in the argv of the shell, so of every process it forks: the host can find them)
+    r = sb.run(f"exec /bin/sh -c 'bomb() {{ bomb | bomb & }}; bomb; sleep 3' {marker}", timeout_s=4)
     assert_came_back(r, 4)
     wait_no_host_pids(marker)
     assert_alive(sb)
@@ -489,6 +500,174 @@ def check_host_file_api(sb: Sandbox) -> None:
         sb.read_file("dir")
 
 
+
+
+def check_memory_for_the_whole_sandbox(sb: Sandbox) -> None:
+    """Six forked children, each under the memory limit, together far over it: the limit holds
+    for the sandbox as a whole (some are killed, the call says ``oom``), not per process."""
+    if not sb.isolation.group_limits:
+        pytest.skip(f"this sandbox states per-process limits only ({sb.isolation.describe()})")
+    each = max(8, sb.limits.memory_mb * 4 // 10)
+    code = f"""
+import os, time
+kids = []
+for _ in range(6):
+    pid = os.fork()
+    if pid == 0:
+        block = b"x" * ({each} << 20)  # written, so really resident
+        time.sleep(2)
+        os._exit(0)
+    kids.append(pid)
+alive = 0
+for pid in kids:
+    _, status = os.waitpid(pid, 0)
+    alive += status == 0
+print("held", alive)
+"""
+    r = sb.run_python(code, timeout_s=30)
+    assert_came_back(r, 30)
+    held = [int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("held")]
+    assert not held or held[0] * each <= sb.limits.memory_mb, f"{held[0]} children of {each} MB all held their memory: {r}"
+    assert r.status == "oom" and "ran out of memory" in r.message, r
+    assert_alive(sb)
+
+
+def _file_count(sb: Sandbox) -> int:
+    r = sb.run("find . -mindepth 1 | wc -l", timeout_s=30)
+    assert r.ok, r
+    return int(r.stdout.split()[0])
+
+
+def check_disk_quota(sb: Sandbox) -> None:
+    """Filling the workspace past its disk quota, or past its file quota, ends in a result that
+    says so (never an exception, never the host's disk); the host-side calls answer with a result
+    or a SandboxError while it is full; deleting frees it again."""
+    if not sb.isolation.disk_quota:
+        pytest.skip(f"this sandbox has no disk quota ({sb.isolation.describe()})")
+    L = sb.limits
+    chunk = max(1, min(32, L.max_file_mb - 1))
+    code = f"""
+import os
+written = 0
+for i in range({(2 * L.disk_mb) // chunk + 2}):
+    with open("fill%d" % i, "wb") as f:
+        f.write(bytes({chunk} << 20))
+    written += {chunk}
+    print("written", written, flush=True)
+"""
+    r = sb.run_python(code, timeout_s=60)
+    assert_came_back(r, 60)
+    assert not r.ok, f"wrote {2 * L.disk_mb} MB into a {L.disk_mb} MB workspace: {r}"
+    assert "quota" in r.message, r
+    # while it is full: results and SandboxErrors, nothing raw
+    assert isinstance(sb.run_python("print('still runs')", timeout_s=30), ExecResult)
+    assert isinstance(sb.run("echo more >> fill0", timeout_s=30), ExecResult)
+    try:
+        sb.write_file("more.bin", bytes(4 << 20))
+    except SandboxError as err:
+        assert "cannot write" in str(err), err
+    r = sb.run("rm -f fill* more.bin; echo freed", timeout_s=30)
+    assert r.ok and "freed" in r.stdout, r
+    # the file (inode) quota
+    r = sb.run_python(f"for i in range({2 * L.max_files}):\n    open('n%d' % i, 'w').close()\n", timeout_s=60)
+    assert_came_back(r, 60)
+    assert not r.ok and "quota" in r.message, r
+    assert _file_count(sb) <= 2 * L.max_files
+    r = sb.run("find . -mindepth 1 -delete; echo freed", timeout_s=60)
+    assert r.ok and "freed" in r.stdout, r
+    sb.write_file("after.txt", "fits again")
+    assert sb.read_file("after.txt") == b"fits again"
+    assert_alive(sb)
+
+
+def check_long_names(sb: Sandbox) -> None:
+    """A 300-character file name is a SandboxError for the host-side calls, a plain error inside."""
+    long = "n" * 300
+    for call in (lambda: sb.write_file(long, "x"), lambda: sb.read_file(long), lambda: sb.write_file(f"d/{long}/x", "x")):
+        with pytest.raises(SandboxError, match="longer than"):
+            call()
+    r = sb.run(f"touch {long}", timeout_s=10)
+    assert r.status == "error" and r.message, r
+    assert_alive(sb)
+
+
+_DEEP_TREE = """
+import os
+os.makedirs("ro/inner", exist_ok=True)
+open("ro/inner/f", "w").write("x")
+for name in (b"odd\\nname", b"bad\\xffbytes", b"-rf", b" space "):
+    open(name, "wb").write(b"x")
+os.chmod("ro/inner", 0o500)
+os.chmod("ro", 0o500)
+os.mkdir("deep")
+os.chdir("deep")
+for _ in range({depth}):
+    os.mkdir("d")
+    os.chdir("d")
+open("bottom.txt", "w").write("bottom")
+os.chmod(".", 0o500)
+print("built")
+"""
+
+_IPC = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+key = int(sys.argv[1])
+print("shm", libc.shmget(key, 4096, 0o1600), "sem", libc.semget(key + 1, 1, 0o1600), "msg", libc.msgget(key + 2, 0o1600))
+"""
+
+
+def _sysv_keys() -> set[int]:
+    keys = set()
+    for kind in ("shm", "sem", "msg"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                next(f)
+                keys.update(int(line.split()[0]) for line in f)
+        except (OSError, StopIteration):
+            pass
+    return keys
+
+
+def check_nothing_outlives_close(make: Callable[[], Sandbox]) -> None:
+    """Files in /tmp, /var/tmp and /dev/shm, System V IPC objects, background processes, and a
+    workspace tree 3,000 levels deep with read-only directories and odd names: ``close()`` takes
+    them all, never raises, and the host keeps no trace of them."""
+    token = f"tgleft{secrets.token_hex(6)}"
+    key = 0x7467_0000 + secrets.randbelow(0xFFFF)
+    marker = _marker()
+    sb = make()
+    try:
+        r = sb.run(
+            f"for d in /tmp /var/tmp /dev/shm; do echo x > $d/{token} 2>/dev/null; mkdir -p $d/{token}-dir/sub 2>/dev/null; done; "
+            f"python3 -c '{_IPC}' {key}; setsid python3 -c 'import time; time.sleep(300)' {marker} >/dev/null 2>&1 & echo made",
+            timeout_s=30,
+        )
+        assert_came_back(r, 30)
+        assert "made" in r.stdout, r
+        r = sb.run_python(_DEEP_TREE.format(depth=3000), timeout_s=60)
+        assert_came_back(r, 60)
+        assert r.ok and "built" in r.stdout, r
+    finally:
+        took = time.monotonic()
+        sb.close()  # must not raise
+        took = time.monotonic() - took
+    sb.close()
+    assert sb.closed
+    assert took < 30, f"close() took {took:.1f} s"
+    left = [f"{d}/{n}" for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d) for n in os.listdir(d) if token in n]
+    assert not left, f"files of the sandbox outlived close(): {left}"
+    ipc = {key, key + 1, key + 2} & _sysv_keys()
+    assert not ipc, f"System V IPC objects of the sandbox outlived close(): keys {sorted(ipc)}"
+    wait_no_host_pids(marker)
+
+
+LIFECYCLE_CHECKS: dict[str, Callable[[Callable[[], Sandbox]], None]] = {
+    "nothing_outlives_close": check_nothing_outlives_close,
+}
+"""Checks that take a sandbox factory (they close what they make)."""
+
+
 CHECKS: dict[str, Callable[[Sandbox], None]] = {
     "network": check_network,
     "read_host_files": check_read_host_files,
@@ -500,6 +679,8 @@ CHECKS: dict[str, Callable[[Sandbox], None]] = {
     "background_leftovers": check_background_leftovers,
     "symlink_escape": check_symlink_escape,
     "host_file_api": check_host_file_api,
+    "memory_for_the_whole_sandbox": check_memory_for_the_whole_sandbox,
+    "disk_quota": check_disk_quota,
+    "long_names": check_long_names,
 }
 """Every check by name: parametrize a backend's test over it."""
-

@@ -22,7 +22,7 @@ import pytest
 
 from tokengym.envs.sandbox import Limits, SandboxError, make_sandbox
 
-from sandbox_escapes import CHECKS
+from sandbox_escapes import CHECKS, LIFECYCLE_CHECKS
 
 pytestmark = pytest.mark.docker
 
@@ -260,6 +260,23 @@ def test_escape(check, sb):
     """The backend-neutral escape checks (tests/sandbox_escapes.py), shared with the local backend."""
     check(sb)
     alive(sb)
+
+
+@pytest.mark.parametrize("check", list(LIFECYCLE_CHECKS.values()), ids=list(LIFECYCLE_CHECKS))
+def test_lifecycle_check(check, engine):
+    """What a sandbox builds (a 3,000-level tree, IPC objects, background processes) goes with
+    its container at close(): no container of it is left."""
+    from tokengym.envs.sandbox import DockerSandbox
+
+    made = []
+
+    def make():
+        made.append(DockerSandbox(timeout_s=30))
+        return made[-1]
+
+    check(make)
+    for sb in made:
+        assert not engine.api.containers(all=True, filters={"id": sb.container_id})
 
 
 def test_no_network(sb):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -19,6 +20,7 @@ from gymnasium.utils.env_checker import check_env
 import tokengym.envs  # noqa: F401  (registers the envs)
 from tokengym.envs import PythonSandboxEnv, ShellEnv, ToolRunner
 from tokengym.envs.builtin import SHELL_KINDS, coding_tasks, extract_code, grade_solution, shell_task
+from tokengym.envs.builtin.shell import check_in_sandbox
 from tokengym.envs.sandbox import (
     ExecResult,
     LocalSandbox,
@@ -445,7 +447,7 @@ def test_ctrl_c_during_a_tool_call_closes_the_sandbox_and_kills_the_call(qwen25)
     try:
         signal.setitimer(signal.ITIMER_REAL, 1.0)
         with pytest.raises(KeyboardInterrupt):
-            env.step(templated("", call("run_shell", command=f"sleep 60 & sleep 60; : {marker}"))(env))
+            env.step(templated("", call("run_shell", command=f"exec sh -c 'sleep 60 & sleep 60' {marker}"))(env))
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -559,3 +561,137 @@ def test_the_sandbox_docs_run():
     for block in blocks:
         exec(compile(block, str(DOCS), "exec"), ns)
     assert sandbox_dirs() == dirs and sandbox_processes() == procs
+
+
+# ------------------------------------------------------- between episodes
+SPY = """
+import glob, os, time
+# the patterns are put together here, so that they are in no file or argv of the spy's own
+patterns = [b"tgspy" + bytes.fromhex("{hexed}"), b'"kind": "ans' + b'wer"']
+me, end, scans, leaks = os.getpid(), time.time() + {seconds}, 0, set()
+while time.time() < end:
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != me:
+            for what in ("cmdline", "environ"):
+                try:
+                    with open(f"/proc/{{pid}}/{{what}}", "rb") as f:
+                        data = f.read()
+                except OSError:
+                    continue
+                if any(p in data for p in patterns):
+                    leaks.add("LEAK-PROC-" + what)
+    for d in glob.glob("/tmp/tokengym-sandbox-*"):
+        names = [f"run/snippets/snippet_{{i}}.py" for i in range(6)] + ["work/answer.txt"]
+        for path in [os.path.join(d, n) for n in names] + glob.glob(d + "/work/.grade-*/solution.py"):
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            if any(p in data for p in patterns):
+                leaks.add("LEAK-FILE " + path)
+    scans += 1
+print(sorted(leaks), "scans", scans)
+"""
+
+
+def test_concurrent_episodes_of_one_task_cannot_read_each_other(qwen25, isolation):
+    """Two episodes of the same task at once, one spying on the other (its processes' argv and
+    environment, the snippets and the grader's files of every sandbox on the host): nothing of
+    the other's code, answer or expected result reaches the spy."""
+    spy_on_a_concurrent_episode(qwen25, {"sandbox_kwargs": {"isolation": isolation, "timeout_s": 30}})
+
+
+@pytest.mark.docker
+def test_concurrent_docker_episodes_cannot_read_each_other(qwen25):
+    try:
+        make_sandbox("docker").close()
+    except (ImportError, SandboxError) as err:
+        if os.environ.get("TOKENGYM_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"TOKENGYM_REQUIRE_DOCKER=1 but no Docker sandbox: {err}")
+        pytest.skip(f"no Docker sandbox: {err}")
+    spy_on_a_concurrent_episode(qwen25, {"sandbox": "docker", "sandbox_kwargs": {"timeout_s": 30}})
+
+
+def spy_on_a_concurrent_episode(qwen25, kwargs: dict) -> None:
+    token = "tgspy" + os.urandom(6).hex()
+    spy = PythonSandboxEnv(qwen25, **kwargs)
+    spy.reset(seed=0, options={"task_id": "coding-fibonacci"})
+    victim = PythonSandboxEnv(qwen25, **kwargs)
+    victim.reset(seed=0, options={"task_id": "coding-fibonacci"})
+    shell_victim = ShellEnv(qwen25, **kwargs)
+    shell_victim.reset(seed=0, options={"kind": "find", "problem_seed": 7})
+    box: dict = {}
+    spying = threading.Thread(
+        target=lambda: box.setdefault(
+            "info", spy.step(templated("", call("run_python", code=SPY.format(seconds=6, hexed=token[5:].encode().hex())))(spy))[4]
+        )
+    )
+    spying.start()
+    try:
+        time.sleep(1.0)
+        for _ in range(4):  # the victims work, answer and are graded meanwhile
+            _, _, _, _, info = victim.step(
+                templated("", call("run_python", code=f"# {token}\nimport time\ntime.sleep(0.5)\nprint(1)"))(victim)
+            )
+            assert info["tool_results"][0]["content"].endswith("1"), info["tool_results"]
+        task = victim.task
+        _, reward, term, _, info = victim.step(answer_with(f"# {token}\n{task['solution']}")(victim))
+        assert term and reward == 1.0, info.get("grade")
+        shell_victim.step(templated("", call("run_shell", command=f"echo {token} > answer.txt"))(shell_victim))
+        _, _, term, _, info = shell_victim.step(templated("Done.")(shell_victim))
+        assert term and info["check"]["pass"] is False
+    finally:
+        spying.join(30)
+        for env in (spy, victim, shell_victim):
+            env.close()
+    seen = box["info"]["tool_results"][0]["content"]
+    assert "scans" in seen and "scans 0" not in seen and "[]" in seen, seen  # the spy really looked, and saw nothing
+    assert "LEAK" not in seen and token not in seen, seen
+    assert '"kind": "answer"' not in seen, seen
+
+
+# ------------------------------------------------------------- graders
+def test_a_grader_fed_hostile_results_gives_zero_with_a_reason():
+    task = task_by_id("coding-fibonacci")
+    hostile = (
+        f"{task['solution']}\n"
+        "import os\n"
+        "with open('results.jsonl', 'w') as f:\n"
+        "    f.write('[' * 100000 + '\\n')\n"
+        "os._exit(0)\n"
+    )
+    with LocalSandbox(isolation="none") as sb:
+        grade = grade_solution(sb, hostile, task)
+        assert grade.passed == 0 and not grade.all_passed
+        assert "could not be read" in grade.error and "nested" in grade.error, grade
+        huge = f"{task['solution']}\n_real = {task['entry_point']}\ndef {task['entry_point']}(*a):\n    return 10 ** 100000\n"
+        grade = grade_solution(sb, huge, task)
+        assert grade.passed == 0 and grade.failures, grade
+        assert all("not serializable" in f or "cannot be compared" in f for f in grade.failures), grade.failures
+
+
+def test_check_in_sandbox_takes_its_expected_state_on_stdin():
+    task = shell_task(3, "find")
+    with LocalSandbox(isolation="none") as sb:
+        for path, content in task["files"].items():
+            sb.write_file(path, content)
+        sb.write_file("answer.txt", task["check"]["expected"])
+        assert check_in_sandbox(sb, task["check"]) == {"pass": True, "detail": f"answer.txt holds {task['check']['expected']!r}"}
+    import inspect
+
+    source = inspect.getsource(check_in_sandbox)
+    assert "stdin=json.dumps(check)" in source and "CHECKER, json.dumps" not in source
+
+
+# -------------------------------------------------------------- render
+def test_render_shows_terminal_escapes_from_tool_output_without_obeying_them(qwen25):
+    env = ShellEnv(qwen25, render_mode="ansi", sandbox_kwargs={"isolation": "none"})
+    env.reset(seed=0)
+    env.step(templated("", call("run_shell", command=r"printf '\033]0;pwned\007\033[2J\033[1;1Hfake\rover'"))(env))
+    out = env.render()
+    env.close()
+    assert "\x1b]0;" not in out and "\x1b[2J" not in out and "\x07" not in out and "\r" not in out
+    assert "\\x1b]0;pwned\\x07\\x1b[2J" in out
+    ours = {m.group(0) for m in re.finditer(r"\x1b\[[0-9;]*m", out)}
+    assert ours <= {"\x1b[32m", "\x1b[90m", "\x1b[0m"}, ours  # only the segment colours remain

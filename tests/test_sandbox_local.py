@@ -12,17 +12,47 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
+import sys
 import tempfile
+import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
 from tokengym.envs.sandbox import LocalSandbox, SandboxError, bwrap_status, make_sandbox
 from tokengym.envs.sandbox.local import TMP_PREFIX, BwrapStatus
+from tokengym.envs.sandbox.local import sandbox as local_sandbox
 
-from sandbox_escapes import CHECKS, host_pids_with, wait_no_host_pids
+from sandbox_escapes import CHECKS, LIFECYCLE_CHECKS, host_pids_with, wait_no_host_pids
+
+# What this test process made: the uids and directories of its own sandboxes. The leak checks
+# look only at those (other sandboxes may run on the same machine at the same time).
+OUR_UIDS: set[int] = set()
+OUR_DIRS: set[str] = set()
+_fresh_uid = local_sandbox._fresh_uid
+_init = LocalSandbox.__init__
+
+
+def _recording_fresh_uid() -> int:
+    uid = _fresh_uid()
+    OUR_UIDS.add(uid)
+    return uid
+
+
+def _recording_init(self, *args, **kwargs) -> None:
+    try:
+        _init(self, *args, **kwargs)
+    finally:
+        if getattr(self, "root", None):
+            OUR_DIRS.add(os.path.basename(self.root))
+
+
+local_sandbox._fresh_uid = _recording_fresh_uid
+LocalSandbox.__init__ = _recording_init  # type: ignore[method-assign]
 
 ISOLATIONS = ("bwrap", "none")
 
@@ -49,12 +79,13 @@ def sb(isolation: str):
 
 
 def sandbox_dirs() -> set[str]:
-    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(TMP_PREFIX)}
+    """The directories of this process's sandboxes that are still on disk."""
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(TMP_PREFIX) and n in OUR_DIRS}
 
 
 def sandbox_processes() -> list[str]:
-    """Live processes run by a sandbox (a uid of a sandbox's own) or still children of this process.
-    (Zombies are left out: dead, they wait for the host's init to reap them.)"""
+    """Live processes run by one of this process's sandboxes (a uid it handed out) or still
+    children of this process. (Zombies are left out: dead, they wait for the host's init.)"""
     me = os.getpid()
     out = []
     for name in os.listdir("/proc"):
@@ -67,7 +98,7 @@ def sandbox_processes() -> list[str]:
             state, ppid = rest.split()[0], int(rest.split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if state not in ("Z", "X") and (st.st_uid >= 1_500_000_000 or ppid == me):
+        if state not in ("Z", "X") and (st.st_uid in OUR_UIDS or ppid == me):
             out.append(f"{name} {comm.split('(', 1)[1]} uid={st.st_uid} state={state}")
     return out
 
@@ -80,6 +111,22 @@ def open_fds() -> int:
 @pytest.mark.parametrize("check", list(CHECKS.values()), ids=list(CHECKS))
 def test_escape_check(check, sb):
     check(sb)
+
+
+@pytest.mark.parametrize("check", list(LIFECYCLE_CHECKS.values()), ids=list(LIFECYCLE_CHECKS))
+def test_lifecycle_check(check, isolation):
+    made = []
+
+    def make():
+        made.append(LocalSandbox(isolation=isolation, timeout_s=30))
+        return made[-1]
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        check(make)
+    stayed = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert not stayed, f"close() could not remove everything: {stayed}"
+    assert all(not os.path.exists(sb.root) for sb in made), "the sandbox's directory outlived close()"
 
 
 # --------------------------------------------------------------------- runs
@@ -237,7 +284,7 @@ def test_ctrl_c_during_a_call_kills_its_processes(sb):
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.5)
         with pytest.raises(KeyboardInterrupt):
-            sb.run(f"sleep 30 & sleep 30; : {marker}")
+            sb.run(f"exec sh -c 'sleep 30 & sleep 30' {marker}")
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -342,3 +389,154 @@ def test_no_process_directory_or_fd_left_after_200_sandboxes(isolation):
     assert sandbox_processes() == procs
     assert sandbox_dirs() == dirs
     assert open_fds() == fds
+
+
+# ------------------------------------------------------ the host's limits
+def _mount_small_tmpfs(path: str, size: str) -> None:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tokengym-test", path], check=True)
+
+
+def _fill(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, bytes(4096))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounts a small tmpfs as the full disk: needs root")
+def test_a_full_host_disk_is_a_sandbox_error_or_a_result():
+    d = tempfile.mkdtemp(prefix="tokengym-full-disk-")
+    try:
+        _mount_small_tmpfs(d, "2m")
+        try:
+            sb = LocalSandbox(isolation="none", tmp_root=d)
+            _fill(os.path.join(d, "filler"))  # the host's disk fills up meanwhile
+            r = sb.run_python("print('hi')")
+            assert r.status == "crashed" and "could not store the snippet" in r.message, r
+            r = sb.run("echo hi")
+            assert r.status == "crashed" and "could not store the snippet" in r.message, r
+            assert sb.run(["echo", "an argv still runs"]).stdout == "an argv still runs\n"
+            sb.close()
+            _fill(os.path.join(d, "filler2"))
+            with pytest.raises(SandboxError, match="No space left on device"):
+                LocalSandbox(isolation="none", tmp_root=d)
+        finally:
+            subprocess.run(["umount", "-l", d], check=False)
+    finally:
+        os.rmdir(d)
+
+
+def test_read_file_refuses_files_of_another_owner(sb):
+    if os.geteuid() != 0:
+        pytest.skip("only root can make a file of another owner in the workspace")
+    sb.write_file("mine.txt", "ok")
+    host_side = Path(sb._work, "rootfile")  # as if hard-linked from a root-owned file
+    host_side.write_text("secret of root")
+    with pytest.raises(SandboxError, match="belongs to another user"):
+        sb.read_file("rootfile")
+    assert sb.read_file("mine.txt") == b"ok"
+
+
+def test_limits_hold_for_the_whole_sandbox_where_the_host_allows_a_cgroup(isolation):
+    with LocalSandbox(isolation=isolation) as sb:
+        text = sb.isolation.describe()
+        if sb.isolation.group_limits:
+            assert "for the whole sandbox" in text and "cgroup" in text
+            r = sb.run("cat /proc/self/cgroup")
+            if isolation == "none":  # (bubblewrap gives the call a cgroup namespace of its own)
+                assert "tokengym-sandbox-" in r.stdout, r
+        else:
+            assert "per process only" in text, text
+        if os.geteuid() == 0:
+            assert sb.isolation.disk_quota and "tmpfs" in text
+            r = sb.run("df -k . | tail -1")
+            assert str(sb.limits.disk_mb * 1024) in r.stdout, r  # the workspace is a tmpfs of that size
+
+
+NONROOT_SCRIPT = """
+import os, sys, warnings
+from tokengym.envs.sandbox import LocalSandbox, SandboxError, bwrap_status
+try:
+    LocalSandbox(isolation="auto", bwrap="/nonexistent/bwrap")
+    print("AUTO-RAN-UNISOLATED")
+except SandboxError as err:
+    print("REFUSED", err)
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    sb = LocalSandbox(isolation="none", bwrap="/nonexistent/bwrap")
+    print("WARNED", [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)])
+    print("WHO", sb.run("id -u").stdout.strip(), sb.isolation.describe())
+    sb.close()
+if bwrap_status().works:
+    with LocalSandbox(isolation="auto", disk_mb=16, max_files=500, timeout_s=30) as sb:
+        print("ISOLATED", sb.isolation.network, sb.isolation.group_limits, sb.isolation.disk_quota)
+        r = sb.run("i=0; while [ $i -lt 40 ]; do head -c 1000000 /dev/zero > f$i; i=$((i+1)); sleep 0.02; done; echo wrote")
+        print("DISK", r.status, r.message)
+        r = sb.run("rm -f f*; echo freed")
+        print("FREED", r.status)
+else:
+    print("NO-BWRAP", bwrap_status().reason)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="runs a child as an unprivileged uid: needs root and setpriv")
+def test_a_non_root_host_without_bubblewrap_is_refused_unless_asked_for():
+    """As an ordinary user, "auto" without a working bubblewrap refuses (and says how to get
+    isolation); "none" works when asked for, with a warning; with bubblewrap the quota is a
+    watchdog and the limits say they are per process."""
+    nobody = 65534
+    probe = subprocess.run(
+        ["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", sys.executable, "-c", "import tokengym.envs.sandbox"],
+        capture_output=True, text=True, timeout=60, cwd="/",
+    )  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip(f"uid {nobody} cannot import this checkout: {probe.stderr.strip()[-200:]}")
+    r = subprocess.run(
+        ["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", sys.executable, "-c", textwrap.dedent(NONROOT_SCRIPT)],
+        capture_output=True, text=True, timeout=120, cwd="/", env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/"},
+    )  # fmt: skip
+    out = r.stdout
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "AUTO-RAN-UNISOLATED" not in out
+    refused = next(line for line in out.splitlines() if line.startswith("REFUSED"))
+    assert "install bubblewrap" in refused.lower() and "docker" in refused.lower(), refused
+    warned = next(line for line in out.splitlines() if line.startswith("WARNED"))
+    assert "commands run as you" in warned, warned
+    who = next(line for line in out.splitlines() if line.startswith("WHO"))
+    assert who.split()[1] == str(nobody) and "processes are within reach" in who, who
+    if "NO-BWRAP" not in out:
+        assert "ISOLATED True False True" in out, out  # isolated; limits per process; quota by watchdog
+        disk = next(line for line in out.splitlines() if line.startswith("DISK"))
+        assert disk.startswith("DISK killed") and "quota" in disk, disk
+        assert "FREED ok" in out
+
+
+def test_remove_tree_takes_any_tree(tmp_path):
+    """Where the workspace is no tmpfs (no root), close() removes the tree itself: 3,000 levels
+    deep (shutil.rmtree would raise RecursionError), read-only directories, odd names."""
+    from tokengym.envs.sandbox.local.leftovers import remove_tree
+
+    top = tmp_path / "tree"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(3000):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        for name in (b"odd\nname", b"bad\xffbytes", b"-rf"):
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT, 0o400, dir_fd=fd))
+        os.fchmod(fd, 0o500)
+    finally:
+        os.close(fd)
+    (top / "ro").mkdir()
+    (top / "ro" / "f").write_text("x")
+    (top / "ro").chmod(0o500)
+    (top / "link").symlink_to(tmp_path)  # removed, never followed
+    remove_tree(str(top))
+    assert not top.exists() and tmp_path.exists()

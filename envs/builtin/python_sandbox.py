@@ -36,6 +36,9 @@ __all__ = ["Grade", "PythonSandboxEnv", "coding_prompt", "coding_tasks", "extrac
 
 SOLUTION_FILE = "solution.py"
 MAX_RESULT_BYTES = 4 * 1024 * 1024
+MODEL_OUTPUT_ERRORS = (RecursionError, ValueError, OverflowError, MemoryError, TypeError)
+"""What parsing or comparing what the model's code produced may raise (``'[' * 100000`` in the
+results file, a huge integer...): such a case fails with the reason, the reward goes on."""
 
 GRADER = r"""
 import sys
@@ -207,10 +210,12 @@ def grade_solution(
     except SandboxError as err:
         return Grade(0, total, error=f"the sandbox refused the grader: {err}")
     results: dict[int, dict[str, Any]] = {}
+    unreadable = 0
     for line in raw.decode("utf-8", "replace").splitlines():
         try:
             rec = json.loads(line)
-        except ValueError:
+        except MODEL_OUTPUT_ERRORS:
+            unreadable += 1
             continue
         if not isinstance(rec, dict):
             continue
@@ -226,15 +231,20 @@ def grade_solution(
         if rec is None:
             problem = f"not run ({run.message or 'no result'})"
         elif "error" in rec:
-            problem = f"raised {rec['error']}"
-        elif _same(rec.get("value"), case["expected"]):
-            passed += 1
-            continue
+            problem = f"raised {str(rec['error'])[:300]}"
         else:
-            problem = f"returned {json.dumps(rec.get('value'))[:200]}, expected {json.dumps(case['expected'])[:200]}"
+            try:
+                if _same(rec.get("value"), case["expected"]):
+                    passed += 1
+                    continue
+                problem = f"returned {json.dumps(rec.get('value'))[:200]}, expected {json.dumps(case['expected'])[:200]}"
+            except MODEL_OUTPUT_ERRORS as err:
+                problem = f"returned a value that cannot be compared ({type(err).__name__})"
         if len(failures) < 10:
             failures.append(f"{call[:200]}: {problem}")
     error = "" if results or run.ok else f"the grader did not finish: {run.message or run.stderr[-300:]}"
+    if not results and unreadable:
+        error = f"the results could not be read ({unreadable} line(s) of invalid or too deeply nested JSON)"
     return Grade(passed, total, failures, error)
 
 

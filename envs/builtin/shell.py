@@ -7,8 +7,9 @@ compare by size. The model works with ``run_shell`` (and ``read_file``/``write_f
 ends with a reply without a tool call.
 
 The reward is checked **inside the sandbox**, on the state the model left behind: a fixed
-checker runs under ``python3 -I`` with the expected state as its argument (it enters the
-sandbox only after the model's last call) and reports pass or fail. Reward 1.0 on pass, else
+checker runs under ``python3 -I`` with the expected state on its standard input (never in its
+argv or environment, where another sandbox on the host could read it; it enters the sandbox
+only after the model's last call) and reports pass or fail. Reward 1.0 on pass, else
 0.0; ``info["check"]`` on the final step says what was found.
 
 Kinds: ``find`` (which file mentions a ticket id; path into ``answer.txt``), ``count`` (how
@@ -50,7 +51,7 @@ import sys
 sys.path[:] = [p for p in sys.path if p not in ("", ".")]
 import hashlib, json, os
 
-spec = json.loads(sys.argv[1])
+spec = json.loads(sys.stdin.read())
 kind = spec["kind"]
 
 
@@ -267,14 +268,14 @@ def shell_task(seed: int, kind: str | None = None) -> dict[str, Any]:
 def check_in_sandbox(sandbox: Sandbox, check: dict[str, Any], *, timeout_s: float = 30.0) -> dict[str, Any]:
     """Run a task's check inside ``sandbox``: ``{"pass": bool, "detail": str}``."""
     try:
-        r = sandbox.run(["python3", "-I", "-c", CHECKER, json.dumps(check)], timeout_s=timeout_s)
+        r = sandbox.run(["python3", "-I", "-c", CHECKER], stdin=json.dumps(check), timeout_s=timeout_s)
     except SandboxError as err:
         return {"pass": False, "detail": f"the sandbox refused the check: {err}"}
     for line in reversed(r.stdout.strip().splitlines()):
         try:
             out = json.loads(line)
-        except ValueError:
-            continue
+        except (RecursionError, ValueError, OverflowError, MemoryError):
+            continue  # not the checker's line: something the model's files made the checker print
         if isinstance(out, dict) and "pass" in out:
             return {"pass": bool(out["pass"]), "detail": str(out.get("detail", ""))}
     return {"pass": False, "detail": f"the check did not run: {r.message or r.stderr[-300:]}"}

@@ -38,12 +38,19 @@ class Limits:
     cpu_s: int = 10
     """CPU seconds per process (RLIMIT_CPU locally)."""
     memory_mb: int = 512
-    """Address space (locally) or container memory (Docker), swap included."""
+    """Memory of the whole sandbox, swap included: the container's (Docker) or a cgroup's (locally,
+    where the host allows one; each process's address space is capped at it too)."""
     max_processes: int = 64
-    """Processes/threads (RLIMIT_NPROC locally, the pids limit in Docker)."""
+    """Processes/threads of the whole sandbox (the pids limit: Docker's, or a local cgroup's; and
+    RLIMIT_NPROC locally)."""
     max_file_mb: int = 64
     """Largest file a command may write."""
     max_open_files: int = 256
+    disk_mb: int = 256
+    """Disk quota of the workspace (a sized tmpfs in both backends; locally, without the privilege to
+    mount one, a watchdog that stops the call past it). Its pages are memory in a tmpfs."""
+    max_files: int = 20_000
+    """Inode quota of the workspace (files, directories and links), held like :attr:`disk_mb`."""
     max_output_bytes: int = 64 * 1024
     """stdout and stderr are each cut to this many bytes (head kept, the rest counted and dropped)."""
 
@@ -64,6 +71,38 @@ OOM_HINTS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of 
 def oom_message(limits: Limits) -> str:
     """The message of an ``oom`` result, the same on every backend."""
     return f"ran out of memory (limit {limits.memory_mb} MB)"
+
+
+DISK_FULL_HINTS = ("No space left on device", "Disk quota exceeded")
+"""What a process prints when a write is refused for lack of space or inodes."""
+
+
+def disk_full_message(limits: Limits, code: int | None) -> str:
+    """The message of a call that ran into the workspace's quota, the same on every backend."""
+    return (
+        f"exited with code {code}: the workspace is full (quota {limits.disk_mb} MB, {limits.max_files} files); "
+        "remove files to go on"
+    )
+
+
+def quota_message(limits: Limits) -> str:
+    """The message of a call stopped because the workspace went past its quota."""
+    return f"killed: the workspace went past its quota ({limits.disk_mb} MB, {limits.max_files} files); remove files to go on"
+
+
+NAME_MAX = 255
+"""The longest file name (bytes) Linux file systems take."""
+
+
+def check_path_length(parts: list[str], path: str) -> list[str]:
+    """``parts`` when each name fits ``NAME_MAX`` bytes and the whole path ``PATH_MAX``; else a
+    :class:`SandboxError` (the same check, and message, on every backend)."""
+    for part in parts:
+        if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            raise SandboxError(f"path {path[:80]!r}...: the name {part[:40]!r}... is longer than {NAME_MAX} bytes")
+    if sum(len(p.encode("utf-8", "surrogateescape")) + 1 for p in parts) > 4000:
+        raise SandboxError(f"path {path[:80]!r}... is longer than 4000 bytes")
+    return parts
 
 
 def signal_message(sig: int, limits: Limits) -> str:
@@ -94,6 +133,11 @@ class Isolation:
     """True when resource limits (CPU, memory, processes, file size) are enforced."""
     details: tuple[str, ...] = field(default=())
     """Free-form notes (e.g. ``"bubblewrap 0.8.0"``, ``"no bubblewrap: plain rlimits only"``)."""
+    group_limits: bool = False
+    """True when memory and process limits hold for the whole sandbox together (a cgroup, a
+    container); False when they hold per process (then N processes may use N times the memory)."""
+    disk_quota: bool = False
+    """True when the workspace has a disk and inode quota (:attr:`Limits.disk_mb`, :attr:`Limits.max_files`)."""
 
     def describe(self) -> str:
         """One line for logs and a sandbox's ``repr``."""
@@ -101,7 +145,9 @@ class Isolation:
             f"{self.backend} sandbox",
             "network: none" if self.network else "network: NOT isolated",
             "files: isolated" if self.filesystem else "files: NOT isolated",
-            "limits: on" if self.limits else "limits: OFF",
+            ("limits: on" if self.limits else "limits: OFF")
+            + (" (per sandbox)" if self.group_limits else " (per process)" if self.limits else ""),
+            "disk quota: on" if self.disk_quota else "disk quota: OFF",
         ]
         return "; ".join(parts + list(self.details))
 
@@ -147,7 +193,8 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     def write_file(self, path: str, content: str | bytes) -> None:
-        """Write a file at ``path`` relative to the workspace (parents created)."""
+        """Write a file at ``path`` relative to the workspace (parents created); :class:`SandboxError`
+        when it cannot be written (a full workspace, a name too long), never a raw ``OSError``."""
 
     @abc.abstractmethod
     def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
@@ -159,7 +206,8 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Kill everything and release every resource (processes, directories, containers)."""
+        """Kill everything and release every resource (processes, directories, containers, and
+        whatever the sandbox left on the host). Never raises."""
 
     @property
     @abc.abstractmethod

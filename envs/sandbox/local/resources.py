@@ -1,0 +1,65 @@
+"""What a local sandbox holds on the host, and its release: nothing outlives ``close()``, and
+``close()`` never raises (what could not be removed is a warning that names it)."""
+
+from __future__ import annotations
+
+import warnings
+
+from .cgroups import Cgroup
+from .execute import _Call, _killpg
+from .leftovers import remove_tree, remove_uid_leftovers
+from .quota import unmount
+from .uids import _kill_uid, _release_uid
+
+
+class _Resources:
+    """What a sandbox holds on the host; released by :meth:`LocalSandbox.close` or its finalizer."""
+
+    def __init__(self, root: str, own_uid: int | None, calls: set[_Call]) -> None:
+        self.root = root
+        self.own_uid = own_uid
+        self.calls = calls
+        self.cgroup: Cgroup | None = None
+        self.mounts: list[str] = []
+        self.sweep_uid: int | None = None
+        """The uid whose files in the host's /tmp, /var/tmp, /dev/shm and System V IPC are removed."""
+
+
+def _release(res: _Resources) -> list[str]:
+    """Kill and remove everything of a sandbox; what could not be removed (each step is tried)."""
+    problems: list[str] = []
+    for c in list(res.calls):
+        _killpg(c.proc)
+    if res.own_uid is not None:
+        _kill_uid(res.own_uid)
+    if res.cgroup is not None:
+        problems += [f"cgroup {d} is still busy" for d in res.cgroup.remove()]
+    if res.sweep_uid is not None:
+        problems += remove_uid_leftovers(res.sweep_uid)
+    for m in list(res.mounts):
+        try:
+            unmount(m)
+            res.mounts.remove(m)
+        except OSError as err:
+            problems.append(str(err))
+    try:
+        remove_tree(res.root)
+    except OSError as err:
+        problems.append(f"{err.filename or res.root}: {err.strerror}")
+    if res.own_uid is not None:
+        _release_uid(res.own_uid)
+    return problems
+
+
+def _cleanup(res: _Resources) -> None:
+    """Finalizer (also at interpreter exit): never raises; what could not be removed is a warning."""
+    try:
+        problems = _release(res)
+    except Exception as err:  # noqa: BLE001 -- close() must not raise; reported below
+        problems = [f"{type(err).__name__}: {err}"]
+    if problems:
+        warnings.warn(
+            f"the sandbox {res.root} could not remove everything it held: {'; '.join(problems[:5])}",
+            RuntimeWarning,
+            stacklevel=2,
+        )

@@ -18,6 +18,7 @@ message in ``warn`` mode, so the check never breaks ``step``.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -258,24 +259,40 @@ def _squeeze(text: str, controls: Any) -> str:
     return controls.sub(lambda m: m.group(1), text).strip()
 
 
-def _moved_opening(messages: Sequence[Message], tools: Sequence[Any] | None, expected: str, actual: str) -> str | None:
-    """The system prompt or a tool's description, when the stream has it before the first user
-    message and the whole render only after it (the template moves it to the last user message)."""
-    first_user = next((m for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)), None)
-    if first_user is None or not first_user["content"].strip():
+_SYSTEM_PROBE = "tokengym-system-5c1e"
+_USER_PROBE = "tokengym-first-user-5c1e"
+_TOOL_PROBE = "tokengym-tool-description-5c1e"
+
+
+def _moved_opening(
+    renderer: ChatRenderer, messages: Sequence[Message], tools: Sequence[Any] | None, final: bool
+) -> str | None:
+    """``"system prompt"`` or ``"tools"`` when the template renders it before the first user
+    message in the prompt but after it (or not at all) in the whole conversation: it moves to
+    the last user message. Found by rendering both with unique probe texts in their place, so
+    that no content can be mistaken for another."""
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+    if first is None:
         return None
-    probes = [m["content"] for m in messages[:1] if m.get("role") == "system" and isinstance(m.get("content"), str) and m["content"].strip()]
-    for tool in tools or ():
+    probed = [dict(m) for m in messages]
+    probed[first]["content"] = _USER_PROBE
+    if probed[0].get("role") == "system":
+        probed[0]["content"] = _SYSTEM_PROBE
+    probed_tools = [json.loads(json.dumps(t)) for t in tools or ()]
+    for tool in probed_tools:
         fn = tool.get("function", tool) if isinstance(tool, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("description"), str) and fn["description"].strip():
-            probes.append(fn["description"])
-    user_at, stream_user_at = expected.find(first_user["content"]), actual.find(first_user["content"])
-    if user_at < 0 or stream_user_at < 0:
+        if isinstance(fn, dict) and "description" in fn:
+            fn["description"] = _TOOL_PROBE
+            break
+    try:
+        whole = renderer.render_text(probed, probed_tools or None, add_generation_prompt=not final)
+        prompt = renderer.render_text(probed[: first + 1], probed_tools or None, add_generation_prompt=True)
+    except TemplateError:
         return None
-    for probe in probes:
-        # Moved to the last user message, or rendered only while the conversation ends with one.
-        if 0 <= actual.find(probe) < stream_user_at and (expected.find(probe) > user_at or probe not in expected):
-            return probe
+    for probe, name in ((_SYSTEM_PROBE, "system prompt"), (_TOOL_PROBE, "tools")):
+        before = 0 <= prompt.find(probe) < prompt.find(_USER_PROBE)
+        if before and (probe not in whole or whole.find(probe) > whole.find(_USER_PROBE)):
+            return name
     return None
 
 
@@ -331,6 +348,7 @@ def check_conformance(
     template renders parsed calls, as a server would.
     """
     notes = _notes(renderer, pieces, turn)
+    rendered_messages: Sequence[Message] = messages
     try:
         expected = renderer.render_text(messages, tools, add_generation_prompt=not final)
     except TemplateError as err:
@@ -342,6 +360,7 @@ def check_conformance(
                 for i, m in enumerate(messages)
             ]
             expected = renderer.render_text(structured, tools, add_generation_prompt=not final)
+            rendered_messages = structured
         except TemplateError:
             return Conformance(
                 turn=turn,
@@ -363,11 +382,15 @@ def check_conformance(
     if _matches(_squeeze(actual, controls), _squeeze(expected, controls), final, renderer.turn_end_text):
         turns = tuple(sorted({p.turn for p in pieces if p.kind == "action" and p.text != _squeeze(p.text, controls)} or {turn}))
         return _known(turn, (KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN,), turns, notes)
-    moved = _moved_opening(messages, tools, expected, actual)
+    moved = _moved_opening(renderer, rendered_messages, tools, final)
     if moved is not None:
         conf = _known(turn, (KnownBehaviour.SYSTEM_MOVED,), (turn,), notes)
         return Conformance(
-            **{**conf.__dict__, "detail": conf.detail + f" (the whole render places {moved[:40]!r} after the first user message)"}
+            **{
+                **conf.__dict__,
+                "detail": conf.detail + f" (the whole render places the {moved} after the first user message, or "
+                "drops it; the rest of the stream cannot be compared with a render that moves it)",
+            }
         )
     char = next((i for i, (a, b) in enumerate(zip(actual, expected)) if a != b), min(len(actual), len(expected)))
     index, position, in_piece = _locate(pieces, char, renderer.decode)

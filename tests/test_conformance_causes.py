@@ -83,7 +83,7 @@ def test_system_prompt_moved_to_the_last_user_message_is_named(qwen25):
     for info in infos:
         conf = info["conformance"]
         assert conf.status == "known" and conf.behaviours == ("system_moved",)
-        assert "You are terse." in conf.detail
+        assert "the system prompt after the first user message" in conf.detail
 
 
 def test_an_unexplained_difference_stays_a_mismatch(qwen25):

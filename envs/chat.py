@@ -28,8 +28,11 @@ ClosedBy = Literal["end_of_turn", "eos", "stop_string", "none"]
 
 
 def token_space(vocab_size: int) -> spaces.Sequence:
-    """The space of token-id sequences: ``Sequence(Discrete(vocab_size), stack=True)``."""
-    return spaces.Sequence(spaces.Discrete(vocab_size), stack=True)
+    """The space of token-id sequences: ``Sequence(Discrete(vocab_size), stack=True)``, as a
+    :class:`~tokengym.envs.spaces.TokenSequence` (async vector envs can share its observations)."""
+    from .spaces import TokenSequence
+
+    return TokenSequence(vocab_size)
 
 
 @dataclass(frozen=True)

@@ -190,3 +190,19 @@ def test_tokengym_rollout_runs_a_users_env_end_to_end(spec, tmp_path):
 
     tok = load_tokenizer("qwen2.5")
     assert all("Keep the list short." in tok.decode(t.segments[0].token_ids.tolist()) for t in trajs)
+
+
+def test_plain_gymnasium_finds_tokengym_envs_by_module_in_a_fresh_process():
+    """Gymnasium 1.x loads no plugins: ``tokengym/...`` needs the import, which the module:id form does."""
+    code = (
+        "import gymnasium as gym\n"
+        "try:\n"
+        "    gym.make('tokengym/Calculator-v0', tokenizer='qwen2.5')\n"
+        "except gym.error.NamespaceNotFound:\n"
+        "    print('not found without the import')\n"
+        "env = gym.make('tokengym.envs:tokengym/Calculator-v0', tokenizer='qwen2.5')\n"
+        "print(env.spec.id, len(env.reset(seed=0)[0]) > 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:2] == ["not found without the import", "tokengym/Calculator-v0 True"]

@@ -283,8 +283,8 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             raise ValueError(f"the action is text ({shown!r}), not token ids: {encode}")
         if isinstance(action, Mapping):  # a tokenizer's BatchEncoding, or a dict of its outputs
             raise ValueError(
-                f"the action is a {type(action).__name__} with keys {sorted(map(str, action))}, not token ids: pass the "
-                f"ids alone, e.g. tokenizer(text)['input_ids'], or {encode}"
+                f"the action is a {type(action).__name__} with keys {sorted(map(str, action))}, not token ids: "
+                f"pass the ids alone, e.g. tokenizer(text)['input_ids'], or {encode}"
             )
         try:
             arr = np.asarray(action)
@@ -301,11 +301,12 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             elif arr.dtype == np.bool_:
                 kind, fix = "booleans", "pass the token ids, not a mask"
             elif np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
-                kind, fix = f"{arr.dtype} numbers", "if these are token ids, convert them with np.asarray(ids, dtype=np.int64)"
+                kind, fix = f"{arr.dtype} numbers", "if these are token ids, convert with np.asarray(ids, dtype=np.int64)"
             else:
-                kind, fix = f"{arr.dtype} numbers", "if these are logits or probabilities, sample token ids from them first"
+                kind, fix = f"{arr.dtype} numbers", "if these are logits or probabilities, sample token ids first"
             raise ValueError(
-                f"the action must hold integer token ids, got {kind} ({type(action).__name__}, first values {first}): {fix}"
+                f"the action must hold integer token ids, got {kind} "
+                f"({type(action).__name__}, first values {first}): {fix}"
             )
         if arr.ndim != 1:
             hint = ": pass one sequence, e.g. ids[0]" if arr.ndim == 2 and arr.shape[0] == 1 else ""

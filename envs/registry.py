@@ -122,8 +122,15 @@ def resolve_env_id(spec: str, imports: Sequence[str] = ()) -> str:
 
 
 def make_env(spec: str, imports: Sequence[str] = (), kwargs: Mapping[str, Any] | None = None) -> gym.Env:
-    """``gym.make`` of the env ``spec`` names (see :func:`resolve_env_id`), with ``kwargs``."""
-    return gym.make(resolve_env_id(spec, imports), **dict(kwargs or {}))
+    """``gym.make`` of the env ``spec`` names (see :func:`resolve_env_id`), with ``kwargs``; an
+    argument the env does not take is a ValueError that lists the ones passed."""
+    env_id, kwargs = resolve_env_id(spec, imports), dict(kwargs or {})
+    try:
+        return gym.make(env_id, **kwargs)
+    except TypeError as err:
+        if "argument" not in str(err):
+            raise
+        raise ValueError(f"{env_id} cannot be made with the arguments {sorted(kwargs)}: {err}") from err
 
 
 @dataclass(frozen=True)

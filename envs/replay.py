@@ -22,7 +22,16 @@ import numpy as np
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt
 from .render import Message, TemplateError
 
-__all__ = ["MESSAGE_KEYS", "ROLES", "ReplayEnv", "Transcript", "check_message", "example_transcript", "load_transcript", "normalize_message"]
+__all__ = [
+    "MESSAGE_KEYS",
+    "ROLES",
+    "ReplayEnv",
+    "Transcript",
+    "check_message",
+    "example_transcript",
+    "load_transcript",
+    "normalize_message",
+]
 
 Transcript = dict[str, Any]
 
@@ -53,24 +62,30 @@ def _fail(index: int, problem: str, fix: str) -> ValueError:
     return ValueError(f"message {index}: {problem}; {fix}")
 
 
+_CALL_SHAPE = 'write {"type": "function", "function": {"name": ..., "arguments": {...}}}'
+
+
 def _check_call(index: int, k: int, call: Any) -> None:
     if not isinstance(call, Mapping):
-        raise _fail(index, f"tool call {k} is {type(call).__name__}", 'write {"type": "function", "function": {"name": ..., "arguments": {...}}}')
+        raise _fail(index, f"tool call {k} is {type(call).__name__}", _CALL_SHAPE)
     fn = call.get("function", call)
     name = fn.get("name") if isinstance(fn, Mapping) else None
     if not isinstance(name, str) or not name:
-        raise _fail(index, f"tool call {k} has no function name", 'write {"type": "function", "function": {"name": ..., "arguments": {...}}}')
+        raise _fail(index, f"tool call {k} has no function name", _CALL_SHAPE)
     args = fn.get("arguments", {})
     if isinstance(args, str):
         try:
             args = json.loads(args)
         except json.JSONDecodeError as err:
             raise _fail(
-                index, f"the arguments of tool call {k} ({name}) are not valid JSON ({err.msg} at character {err.pos}: {fn['arguments']!r})",
+                index,
+                f"the arguments of tool call {k} ({name}) are not valid JSON "
+                f"({err.msg} at character {err.pos}: {fn['arguments']!r})",
                 "write them as a JSON object or a string holding one",
             ) from None
     if not isinstance(args, Mapping):
-        raise _fail(index, f"the arguments of tool call {k} ({name}) are {type(args).__name__}, not an object", "write them as a JSON object")
+        problem = f"the arguments of tool call {k} ({name}) are {type(args).__name__}, not an object"
+        raise _fail(index, problem, "write them as a JSON object")
 
 
 def check_message(index: int, message: Any) -> None:
@@ -212,7 +227,9 @@ class ReplayEnv(ChatEnv):
                     f"message {k} ({msgs[k].get('role')}): {err}; the template fails once this message is added: "
                     "check its keys and values against what the template reads"
                 )
-        where = f"messages {span.start}-{span.stop - 1}" if len(span) > 1 else f"message {span.start}" if span else "the transcript"
+        if not span:
+            return TemplateError(f"the transcript: {err}")
+        where = f"messages {span.start}-{span.stop - 1}" if len(span) > 1 else f"message {span.start}"
         return TemplateError(f"{where}: {err}")
 
     def make_prompt(self, options: dict[str, Any]) -> Prompt:

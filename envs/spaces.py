@@ -87,8 +87,9 @@ def _write(space: TokenSequence, index: int, value: Any, memory: tuple[Any, Any]
     arr = np.asarray(value, dtype=np.int64).reshape(-1)
     if len(arr) > space.capacity:
         raise ValueError(
-            f"an observation of {len(arr)} tokens does not fit the {space.capacity} ids of an async vector env's shared "
-            "memory; pass vector_kwargs={'shared_memory': False} to gym.make_vec (or shared_memory=False to AsyncVectorEnv)"
+            f"an observation of {len(arr)} tokens does not fit the {space.capacity} ids of an async vector env's "
+            "shared memory; pass vector_kwargs={'shared_memory': False} to gym.make_vec "
+            "(or shared_memory=False to AsyncVectorEnv)"
         )
     ids, lengths = _views(space, memory)
     ids[index, : len(arr)] = arr

@@ -202,7 +202,8 @@ def hub_offline_flag() -> bool:
     """True when the user switched the hub off (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
     import huggingface_hub.constants
 
-    env = any(os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    flags = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    env = any(os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE") for v in flags)
     return env or bool(huggingface_hub.constants.HF_HUB_OFFLINE)
 
 
@@ -235,7 +236,8 @@ def hub_unreachable_reason() -> str | None:
 
 def suggest_tokenizer(name: str) -> str | None:
     """The pinned, packaged or pinned hub name closest to a mistyped ``name``, if one is close."""
-    known = [*PINNED_TOKENIZERS, *_ALIASES, *PACKAGED_TOKENIZERS, *(h for p in PINNED_TOKENIZERS.values() for h in p.hub_names)]
+    hub_names = [h for pin in PINNED_TOKENIZERS.values() for h in pin.hub_names]
+    known = [*PINNED_TOKENIZERS, *_ALIASES, *PACKAGED_TOKENIZERS, *hub_names]
     by_lower = {k.lower(): k for k in known}
     near = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
     if not near:

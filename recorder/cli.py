@@ -39,7 +39,7 @@ def _template_kwargs(items: Sequence[str], option: str = "--template-kwarg") -> 
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"{option} expects KEY=JSON, got {item!r}")
+            raise ValueError(f"{option} expects KEY=JSON, got {item!r}")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:

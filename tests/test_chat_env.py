@@ -142,8 +142,8 @@ def test_bad_actions_raise_value_error(qwen25, action, match):
         (lambda tok: {"input_ids": [1, 2]}, r"the action is a dict with keys \['input_ids'\]"),
         (lambda tok: [], r"the action is empty \(list of 0 ids\)"),
         (lambda tok: np.array([9707.0, 11.0]), r"got float64 numbers \(ndarray, first values \[9707.0, 11.0\]\): if these are "
-         r"token ids, convert them with np.asarray\(ids, dtype=np.int64\)"),
-        (lambda tok: np.array([0.25, 0.75]), r"got float64 numbers.*sample token ids from them first"),
+         r"token ids, convert with np.asarray\(ids, dtype=np.int64\)"),
+        (lambda tok: np.array([0.25, 0.75]), r"got float64 numbers.*sample token ids first"),
         (lambda tok: ["What", "is"], r"got text or objects \(list, first values \['What', 'is'\]\): encode text with"),
         (lambda tok: None, r"the action is None"),
         (lambda tok: np.array([[9707, 11]]), r"got shape \(1, 2\): pass one sequence, e.g. ids\[0\]"),

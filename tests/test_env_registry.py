@@ -154,9 +154,11 @@ def test_cli_rollout_errors_name_the_fix(mylab, tmp_path, capsys):
     assert "cannot import 'nowhere'" in capsys.readouterr().err
     assert main(["rollout", "mylab/Todo-v0", "--env-kwarg", 'tokenizer="qwen3"', *base]) == 2
     assert "--tokenizer" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="--env-kwarg expects KEY=JSON"):
-        main(["rollout", "mylab/Todo-v0", "--env-kwarg", "max_turns", *base])
-    assert not (tmp_path / "s").exists()
+    assert main(["rollout", "mylab/Todo-v0", "--env-kwarg", "max_turn=3", *base]) == 2
+    assert "mylab/Todo-v0 cannot be made with the arguments ['max_turn', 'max_turns', 'tokenizer']" in capsys.readouterr().err
+    assert main(["rollout", "mylab/Todo-v0", "--env-kwarg", "max_turns", *base]) == 2
+    assert "--env-kwarg expects KEY=JSON, got 'max_turns'" in capsys.readouterr().err
+    assert not list((tmp_path / "s").glob("**/*.parquet"))  # nothing was recorded
 
 
 def run_cli(args: list[str], root: Path) -> subprocess.CompletedProcess[str]:

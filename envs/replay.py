@@ -150,6 +150,13 @@ def example_transcript() -> Transcript:
     return load_transcript(json.loads(text))
 
 
+def _message_error(index: int, message: Mapping[str, Any], text: str) -> TemplateError:
+    """A TemplateError about transcript message ``index`` (``message_index`` says which)."""
+    err = TemplateError(f"message {index} ({message.get('role')}): {text}")
+    err.message_index = index  # type: ignore[attr-defined]
+    return err
+
+
 class ReplayEnv(ChatEnv):
     """Plays back a transcript: the prompt is everything before the first assistant message;
     each step answers with the messages that follow the next assistant message.
@@ -175,6 +182,7 @@ class ReplayEnv(ChatEnv):
         kwargs.setdefault("max_turns", max(16, self._count_assistant(self._default)))
         super().__init__(tokenizer, **kwargs)
         self._transcript = self._default
+        self._default_checked = False
 
     @staticmethod
     def _count_assistant(transcript: Transcript) -> int:
@@ -218,14 +226,16 @@ class ReplayEnv(ChatEnv):
     def _name_message(self, err: TemplateError, span: range) -> TemplateError:
         """``err`` with the index of the transcript message that makes the template fail: the
         first one whose conversation prefix no longer renders, else the messages being rendered."""
+        if getattr(err, "message_index", None) is not None:
+            return err
         msgs, tools = self._transcript["messages"], self._transcript["tools"]
         for k in range(len(msgs)):
             try:
                 self.renderer.render_text(msgs[: k + 1], tools, add_generation_prompt=False)
             except TemplateError:
-                return TemplateError(
-                    f"message {k} ({msgs[k].get('role')}): {err}; the template fails once this message is added: "
-                    "check its keys and values against what the template reads"
+                return _message_error(
+                    k, msgs[k], f"{err}; the template fails once this message is added: check its keys and values "
+                    "against what the template reads"
                 )
         if not span:
             return TemplateError(f"the transcript: {err}")
@@ -238,7 +248,30 @@ class ReplayEnv(ChatEnv):
         first = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
         # Assistant positions and the messages that answer each of them.
         self._assistant_at = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+        if self._transcript is not self._default or not self._default_checked:
+            self._check_rendered()
+            self._default_checked = self._default_checked or self._transcript is self._default
         return Prompt(copy.deepcopy(msgs[:first]), copy.deepcopy(self._transcript["tools"]))
+
+    def _check_rendered(self) -> None:
+        """A TemplateError naming the first non-assistant message whose text the template leaves
+        out of the whole conversation: templates skip roles they do not know, silently.
+        (Assistant text is not checked: some templates print only an assistant's tool calls.)"""
+        msgs, tools = self._transcript["messages"], self._transcript["tools"]
+        try:
+            text = " ".join(self.renderer.render_text(msgs, tools, add_generation_prompt=False).split())
+        except TemplateError:
+            return  # the turn that meets it reports it (conformance: a mismatch in warn mode)
+        for i, m in enumerate(msgs):
+            content = m.get("content")
+            if m["role"] == "assistant" or not isinstance(content, str) or not content.strip():
+                continue
+            plain = " ".join(content.split())
+            if plain not in text and " ".join(json.dumps(content)[1:-1].split()) not in text:
+                raise _message_error(
+                    i, m, "the chat template leaves its text out of the conversation (a role the template does not "
+                    "render?); use a role it renders, e.g. user or system"
+                )
 
     def reference_message(self, turn: int | None = None) -> Message:
         """The transcript's assistant message for ``turn`` (the current turn by default)."""

@@ -95,10 +95,13 @@ def _broken(mutate) -> list[dict]:
         (lambda m: m[3].update(tool_calls=[]), r"message 3: a tool message has tool_calls"),
         (lambda m: m[2].update(tool_calls={"name": "x"}), r"message 2: tool_calls is dict; write a list"),
         (lambda m: m[1].update(content=5), r"message 1: content is int"),
+        # A known role that Qwen2.5's template skips: found by the render, not by the names.
+        (lambda m: m[0].update(role="developer"), r"message 0 \(developer\): the chat template leaves its text out"),
     ],
 )
 def test_check_template_refuses_a_broken_transcript_naming_the_message(tmp_path, capsys, mutate, match):
-    """Templates skip unknown roles and read missing keys as empty: these used to pass or fail without an index."""
+    """Templates skip roles they do not render and read missing keys as empty: these used to pass, or
+    fail without an index."""
     conv = tmp_path / "conv.json"
     conv.write_text(json.dumps(_broken(mutate)))
     assert main(["check-template", "qwen2.5", "--conversation", str(conv)]) == 2

@@ -1,10 +1,13 @@
 """tokengym.envs: gymnasium environments whose observations and actions are chat-template token ids.
 
 Importing this package registers the built-in environments under the ``tokengym/``
-namespace, so ``gymnasium.make("tokengym/Replay-v0", tokenizer="qwen3")`` works.
+namespace, so ``gymnasium.make("tokengym/Replay-v0", tokenizer="qwen3")`` works (without the
+import: ``gymnasium.make("tokengym.envs:tokengym/Replay-v0", ...)``). Envs of other packages are
+found by :func:`make_env` (``module:id``, modules to import, the ``tokengym.envs`` entry points).
 """
 
-from gymnasium.envs.registration import register, registry
+from gymnasium.envs.registration import register
+from gymnasium.envs.registration import registry as _gym_registry
 
 from .builtin import CalculatorEnv, KeyValueEnv, PythonSandboxEnv, ShellEnv
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt, token_space
@@ -30,6 +33,7 @@ from .parsers import (
     register_parser,
 )
 from .render import ChatRenderer, Message, Rendered, TemplateError
+from .registry import ENTRY_POINT_GROUP, DeclaredEnv, EnvRef, declared_envs, make_env, resolve_env_id
 from .replay import ReplayEnv, example_transcript, load_transcript
 from .tokenizers import PINNED_TOKENIZERS, fetch_tokenizer, load_tokenizer
 from .tool_env import CallRecord, ToolEnv, answer_reward, extract_answer, strip_reasoning, truncate_middle
@@ -48,6 +52,7 @@ from .tools import (
 )
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "PARSERS",
     "PINNED_TOKENIZERS",
     "AssistantTurn",
@@ -57,7 +62,9 @@ __all__ = [
     "ChatRenderer",
     "Conformance",
     "ConformanceError",
+    "DeclaredEnv",
     "DeepSeekParser",
+    "EnvRef",
     "EnvResponse",
     "GraniteParser",
     "HermesParser",
@@ -89,6 +96,7 @@ __all__ = [
     "answer_reward",
     "as_tool",
     "call_evidence",
+    "declared_envs",
     "check_arguments",
     "detect_parser",
     "detect_parser_evidence",
@@ -98,9 +106,11 @@ __all__ = [
     "get_parser",
     "load_tokenizer",
     "load_transcript",
+    "make_env",
     "parse_calls",
     "register_parser",
     "registered_envs",
+    "resolve_env_id",
     "strip_reasoning",
     "token_space",
     "tool",
@@ -117,10 +127,10 @@ _ENVS = {
 }
 
 for _id, _entry in _ENVS.items():
-    if _id not in registry:
+    if _id not in _gym_registry:
         register(id=_id, entry_point=_entry)
 
 
 def registered_envs() -> list[str]:
     """Ids of every environment registered under ``tokengym/``."""
-    return sorted(i for i in registry if i.startswith("tokengym/"))
+    return sorted(i for i in _gym_registry if i.startswith("tokengym/"))

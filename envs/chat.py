@@ -28,8 +28,11 @@ ClosedBy = Literal["end_of_turn", "eos", "stop_string", "none"]
 
 
 def token_space(vocab_size: int) -> spaces.Sequence:
-    """The space of token-id sequences: ``Sequence(Discrete(vocab_size), stack=True)``."""
-    return spaces.Sequence(spaces.Discrete(vocab_size), stack=True)
+    """The space of token-id sequences: ``Sequence(Discrete(vocab_size), stack=True)``, as a
+    :class:`~tokengym.envs.spaces.TokenSequence` (async vector envs can share its observations)."""
+    from .spaces import TokenSequence
+
+    return TokenSequence(vocab_size)
 
 
 @dataclass(frozen=True)
@@ -290,17 +293,44 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
 
     # ------------------------------------------------------------- internals
     def validate_action(self, action: Any) -> np.ndarray:
-        """The action as a 1-D int64 array of in-vocabulary ids, or a ValueError that says what is wrong."""
+        """The action as a 1-D int64 array of in-vocabulary ids, or a ValueError that says what was
+        passed and how to make token ids of it (text and tokenizer outputs are the usual mistakes)."""
+        encode = "encode text with tokenizer.encode(text, add_special_tokens=False)"
+        if action is None:
+            raise ValueError(f"the action is None; an action is the assistant's token ids: {encode}")
+        if isinstance(action, (str, bytes)):
+            shown = action if len(action) <= 40 else action[:37] + "..."
+            raise ValueError(f"the action is text ({shown!r}), not token ids: {encode}")
+        if isinstance(action, Mapping):  # a tokenizer's BatchEncoding, or a dict of its outputs
+            raise ValueError(
+                f"the action is a {type(action).__name__} with keys {sorted(map(str, action))}, not token ids: "
+                f"pass the ids alone, e.g. tokenizer(text)['input_ids'], or {encode}"
+            )
         try:
             arr = np.asarray(action)
         except Exception as err:  # ragged lists and the like
             raise ValueError(f"the action must be a 1-D sequence of token ids: {err}") from err
-        if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"the action must hold integer token ids, got dtype {arr.dtype}")
-        if arr.ndim != 1:
-            raise ValueError(f"the action must be a 1-D array of token ids, got shape {arr.shape}")
         if arr.size == 0:
-            raise ValueError("the action is empty: a policy turn must produce at least one token")
+            raise ValueError(
+                f"the action is empty ({type(action).__name__} of 0 ids): a policy turn must produce at least one token"
+            )
+        if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+            first = arr.reshape(-1)[:3].tolist()
+            if arr.dtype.kind in "USO":
+                kind, fix = "text or objects", encode
+            elif arr.dtype == np.bool_:
+                kind, fix = "booleans", "pass the token ids, not a mask"
+            elif np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+                kind, fix = f"{arr.dtype} numbers", "if these are token ids, convert with np.asarray(ids, dtype=np.int64)"
+            else:
+                kind, fix = f"{arr.dtype} numbers", "if these are logits or probabilities, sample token ids first"
+            raise ValueError(
+                f"the action must hold integer token ids, got {kind} "
+                f"({type(action).__name__}, first values {first}): {fix}"
+            )
+        if arr.ndim != 1:
+            hint = ": pass one sequence, e.g. ids[0]" if arr.ndim == 2 and arr.shape[0] == 1 else ""
+            raise ValueError(f"the action must be a 1-D array of token ids, got shape {arr.shape}{hint}")
         bad = np.flatnonzero((arr < 0) | (arr >= self.renderer.vocab_size))
         if bad.size:
             raise ValueError(

@@ -9,6 +9,7 @@ template against a real multi-turn tool conversation.
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -19,9 +20,18 @@ from typing import Any
 import numpy as np
 
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt
-from .render import Message
+from .render import Message, TemplateError
 
-__all__ = ["ReplayEnv", "Transcript", "example_transcript", "load_transcript", "normalize_message"]
+__all__ = [
+    "MESSAGE_KEYS",
+    "ROLES",
+    "ReplayEnv",
+    "Transcript",
+    "check_message",
+    "example_transcript",
+    "load_transcript",
+    "normalize_message",
+]
 
 Transcript = dict[str, Any]
 
@@ -40,6 +50,69 @@ def normalize_message(message: Mapping[str, Any]) -> Message:
                 except json.JSONDecodeError:
                     pass  # keep what the transcript says: the template renders it as given
     return out
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool", "ipython")
+"""Message roles a transcript may use (``ipython`` is Llama 3's tool-result role)."""
+MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")
+"""Keys tokengym knows; other keys pass to the template, unless they look like a misspelling of one of these."""
+
+
+def _fail(index: int, problem: str, fix: str) -> ValueError:
+    return ValueError(f"message {index}: {problem}; {fix}")
+
+
+_CALL_SHAPE = 'write {"type": "function", "function": {"name": ..., "arguments": {...}}}'
+
+
+def _check_call(index: int, k: int, call: Any) -> None:
+    if not isinstance(call, Mapping):
+        raise _fail(index, f"tool call {k} is {type(call).__name__}", _CALL_SHAPE)
+    fn = call.get("function", call)
+    name = fn.get("name") if isinstance(fn, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise _fail(index, f"tool call {k} has no function name", _CALL_SHAPE)
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError as err:
+            raise _fail(
+                index,
+                f"the arguments of tool call {k} ({name}) are not valid JSON "
+                f"({err.msg} at character {err.pos}: {fn['arguments']!r})",
+                "write them as a JSON object or a string holding one",
+            ) from None
+    if not isinstance(args, Mapping):
+        problem = f"the arguments of tool call {k} ({name}) are {type(args).__name__}, not an object"
+        raise _fail(index, problem, "write them as a JSON object")
+
+
+def check_message(index: int, message: Any) -> None:
+    """A ValueError naming message ``index`` and the fix when it is not a message a chat template
+    renders as meant: templates skip unknown roles and read missing keys as empty, silently."""
+    if not isinstance(message, Mapping):
+        raise _fail(index, f"is {type(message).__name__}, not an object", 'write {"role": ..., "content": ...}')
+    role = message.get("role")
+    if role not in ROLES:
+        near = difflib.get_close_matches(str(role), ROLES, n=1)
+        did = f'did you mean "{near[0]}"? ' if near else ""
+        raise _fail(index, f"unknown role {role!r}", f"{did}a role is one of {', '.join(ROLES)}")
+    for key in message:
+        near = difflib.get_close_matches(str(key), MESSAGE_KEYS, n=1, cutoff=0.75)
+        if key not in MESSAGE_KEYS and near:
+            raise _fail(index, f"unknown key {key!r}", f'did you mean "{near[0]}"? (the template would not see it)')
+    content = message.get("content")
+    if content is not None and not isinstance(content, (str, list)):
+        raise _fail(index, f"content is {type(content).__name__}", "write text (or a list of content parts)")
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if role != "assistant":
+            raise _fail(index, f"a {role} message has tool_calls", "only assistant messages call tools")
+        if not isinstance(calls, list):
+            raise _fail(index, f"tool_calls is {type(calls).__name__}", "write a list of calls")
+        for k, call in enumerate(calls):
+            _check_call(index, k, call)
 
 
 def load_transcript(source: str | PathLike[str] | Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Transcript:
@@ -61,6 +134,7 @@ def load_transcript(source: str | PathLike[str] | Mapping[str, Any] | Sequence[M
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or "role" not in m:
             raise ValueError(f"message {i} has no role: {m!r}")
+        check_message(i, m)
     normalized = [normalize_message(m) for m in messages]
     roles = [m["role"] for m in normalized]
     if "assistant" not in roles:
@@ -74,6 +148,13 @@ def example_transcript() -> Transcript:
     """The shipped example: parallel tool calls, several turns, a user follow-up, reasoning."""
     text = resources.files("tokengym.envs").joinpath("data/example_transcript.json").read_text(encoding="utf-8")
     return load_transcript(json.loads(text))
+
+
+def _message_error(index: int, message: Mapping[str, Any], text: str) -> TemplateError:
+    """A TemplateError about transcript message ``index`` (``message_index`` says which)."""
+    err = TemplateError(f"message {index} ({message.get('role')}): {text}")
+    err.message_index = index  # type: ignore[attr-defined]
+    return err
 
 
 class ReplayEnv(ChatEnv):
@@ -101,6 +182,7 @@ class ReplayEnv(ChatEnv):
         kwargs.setdefault("max_turns", max(16, self._count_assistant(self._default)))
         super().__init__(tokenizer, **kwargs)
         self._transcript = self._default
+        self._default_checked = False
 
     @staticmethod
     def _count_assistant(transcript: Transcript) -> int:
@@ -126,7 +208,39 @@ class ReplayEnv(ChatEnv):
             else:  # a prompt with nothing to replay (ChatEnv renders it)
                 self._transcript = {"messages": copy.deepcopy(messages), "tools": copy.deepcopy(opts.get("tools"))}
                 self._assistant_at = []
-        return super().reset(seed=seed, options=opts)
+        try:
+            return super().reset(seed=seed, options=opts)
+        except TemplateError as err:
+            first = self._assistant_at[0] if getattr(self, "_assistant_at", None) else len(self._transcript["messages"])
+            raise self._name_message(err, range(first)) from err
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        turn = self._turn
+        try:
+            return super().step(action)
+        except TemplateError as err:
+            at = self._assistant_at
+            end = at[turn + 1] if turn + 1 < len(at) else len(self._transcript["messages"])
+            raise self._name_message(err, range(at[turn], end) if turn < len(at) else range(0)) from err
+
+    def _name_message(self, err: TemplateError, span: range) -> TemplateError:
+        """``err`` with the index of the transcript message that makes the template fail: the
+        first one whose conversation prefix no longer renders, else the messages being rendered."""
+        if getattr(err, "message_index", None) is not None:
+            return err
+        msgs, tools = self._transcript["messages"], self._transcript["tools"]
+        for k in range(len(msgs)):
+            try:
+                self.renderer.render_text(msgs[: k + 1], tools, add_generation_prompt=False)
+            except TemplateError:
+                return _message_error(
+                    k, msgs[k], f"{err}; the template fails once this message is added: check its keys and values "
+                    "against what the template reads"
+                )
+        if not span:
+            return TemplateError(f"the transcript: {err}")
+        where = f"messages {span.start}-{span.stop - 1}" if len(span) > 1 else f"message {span.start}"
+        return TemplateError(f"{where}: {err}")
 
     def make_prompt(self, options: dict[str, Any]) -> Prompt:
         self._transcript = load_transcript(options["transcript"]) if "transcript" in options else self._default
@@ -134,7 +248,30 @@ class ReplayEnv(ChatEnv):
         first = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
         # Assistant positions and the messages that answer each of them.
         self._assistant_at = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+        if self._transcript is not self._default or not self._default_checked:
+            self._check_rendered()
+            self._default_checked = self._default_checked or self._transcript is self._default
         return Prompt(copy.deepcopy(msgs[:first]), copy.deepcopy(self._transcript["tools"]))
+
+    def _check_rendered(self) -> None:
+        """A TemplateError naming the first non-assistant message whose text the template leaves
+        out of the whole conversation: templates skip roles they do not know, silently.
+        (Assistant text is not checked: some templates print only an assistant's tool calls.)"""
+        msgs, tools = self._transcript["messages"], self._transcript["tools"]
+        try:
+            text = " ".join(self.renderer.render_text(msgs, tools, add_generation_prompt=False).split())
+        except TemplateError:
+            return  # the turn that meets it reports it (conformance: a mismatch in warn mode)
+        for i, m in enumerate(msgs):
+            content = m.get("content")
+            if m["role"] == "assistant" or not isinstance(content, str) or not content.strip():
+                continue
+            plain = " ".join(content.split())
+            if plain not in text and " ".join(json.dumps(content)[1:-1].split()) not in text:
+                raise _message_error(
+                    i, m, "the chat template leaves its text out of the conversation (a role the template does not "
+                    "render?); use a role it renders, e.g. user or system"
+                )
 
     def reference_message(self, turn: int | None = None) -> Message:
         """The transcript's assistant message for ``turn`` (the current turn by default)."""
@@ -145,7 +282,11 @@ class ReplayEnv(ChatEnv):
 
     def reference_action(self, turn: int | None = None) -> np.ndarray:
         """The token ids the model would emit for the transcript's assistant message of ``turn``."""
-        rendered = self.renderer.assistant(self.reference_message(turn), self._transcript["tools"])
+        k = self._turn if turn is None else turn
+        try:
+            rendered = self.renderer.assistant(self.reference_message(k), self._transcript["tools"])
+        except TemplateError as err:
+            raise self._name_message(err, range(self._assistant_at[k], self._assistant_at[k] + 1)) from err
         return np.array(rendered.ids, dtype=np.int64)
 
     def respond(self, turn: AssistantTurn) -> EnvResponse:

@@ -9,6 +9,8 @@ downloaded is ever committed.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import hashlib
 import os
 import shutil
@@ -26,9 +28,12 @@ __all__ = [
     "TokenizerFetchError",
     "cache_dir",
     "fetch_tokenizer",
+    "hub_offline_flag",
+    "hub_unreachable_reason",
     "is_offline_name",
     "load_tokenizer",
     "packaged_model_dir",
+    "suggest_tokenizer",
 ]
 
 
@@ -259,6 +264,67 @@ def is_offline_name(name: str) -> bool:
     return _pin_for(name) is not None or _PACKAGED_ALIASES.get(name.lower(), name) in PACKAGED_TOKENIZERS
 
 
+HUB_PROBE_TIMEOUT_S = 3.0
+"""How long :func:`hub_reachable` waits for the hub: a mistyped name then fails in seconds, not after retries."""
+
+
+def hub_offline_flag() -> bool:
+    """True when the user switched the hub off (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
+    import huggingface_hub.constants
+
+    flags = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    env = any(os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE") for v in flags)
+    return env or bool(huggingface_hub.constants.HF_HUB_OFFLINE)
+
+
+@functools.lru_cache(maxsize=8)
+def _probe_hub(endpoint: str) -> str | None:
+    """None when ``endpoint`` answers (any HTTP status), else why not; asked once per process and endpoint."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=HUB_PROBE_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except (OSError, ValueError) as err:
+        return str(getattr(err, "reason", err))
+    return None
+
+
+def hub_unreachable_reason() -> str | None:
+    """Why the Hugging Face hub cannot be used now (offline flag, or no answer within
+    :data:`HUB_PROBE_TIMEOUT_S`), or None when it can."""
+    import huggingface_hub.constants
+
+    if hub_offline_flag():
+        return "HF_HUB_OFFLINE is set"
+    endpoint = huggingface_hub.constants.ENDPOINT
+    reason = _probe_hub(endpoint)
+    return None if reason is None else f"{endpoint} does not answer: {reason}"
+
+
+def suggest_tokenizer(name: str) -> str | None:
+    """The pinned, packaged or pinned hub name closest to a mistyped ``name``, if one is close."""
+    hub_names = [h for pin in PINNED_TOKENIZERS.values() for h in pin.hub_names]
+    known = [*PINNED_TOKENIZERS, *_ALIASES, *PACKAGED_TOKENIZERS, *hub_names]
+    by_lower = {k.lower(): k for k in known}
+    near = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    if not near:
+        return None
+    key = by_lower[near[0]]
+    return _ALIASES.get(key, key)
+
+
+def _not_loaded(spec: str, why: str) -> OSError:
+    near = suggest_tokenizer(spec)
+    hint = f"did you mean {near!r}? " if near else ""
+    return OSError(
+        f"could not load tokenizer {spec!r} ({why}). {hint}Pass a local folder with tokenizer.json and "
+        f"tokenizer_config.json, or a pinned name: {sorted(PINNED_TOKENIZERS)}"
+    )
+
+
 def load_tokenizer(tokenizer: Any) -> Any:
     """Return a Hugging Face tokenizer from an object, a local folder, a pinned name or a hub name.
 
@@ -266,6 +332,8 @@ def load_tokenizer(tokenizer: Any) -> Any:
     (fetched on first use); so does the cache folder of a pinned tokenizer.
     A hub name such as ``"Qwen/Qwen3-0.6B"`` is loaded from the hub or its local cache; when
     that fails and a pinned copy of the same tokenizer exists, the pinned copy is used.
+    When the hub is off or does not answer (checked once per process), only the local cache
+    is tried, so a mistyped name fails at once, with the closest known name.
     """
     if not isinstance(tokenizer, (str, os.PathLike)):
         if not hasattr(tokenizer, "apply_chat_template"):
@@ -296,15 +364,14 @@ def load_tokenizer(tokenizer: Any) -> Any:
     pin = _pin_for(spec)
     if pin is not None and spec not in pin.hub_names:
         return _load_pinned(pin, fetch_tokenizer(pin.name))
+    offline = hub_unreachable_reason()
     try:
-        return AutoTokenizer.from_pretrained(spec)
+        return AutoTokenizer.from_pretrained(spec, local_files_only=offline is not None)
     except (OSError, ValueError) as err:
         if pin is not None:
             return _load_pinned(pin, fetch_tokenizer(pin.name))
-        raise OSError(
-            f"could not load tokenizer {spec!r} ({err}). Pass a local folder with tokenizer.json and "
-            f"tokenizer_config.json, or a pinned name: {sorted(PINNED_TOKENIZERS)}"
-        ) from err
+        why = f"not in the local cache, and the hub cannot be used: {offline}" if offline else str(err)
+        raise _not_loaded(spec, why) from err
 
 
 def _load_pinned(pin: PinnedTokenizer, folder: Path) -> Any:

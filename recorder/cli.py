@@ -11,6 +11,7 @@ on; see :data:`ROLLOUT_EXIT_CODES`).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -35,13 +36,13 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
-def _template_kwargs(items: Sequence[str]) -> dict[str, Any]:
+def _template_kwargs(items: Sequence[str], option: str = "--template-kwarg") -> dict[str, Any]:
     """KEY=JSON pairs (a value that is not JSON stays a string)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--template-kwarg expects KEY=JSON, got {item!r}")
+        if not sep or not key:
+            raise ValueError(f"{option} expects KEY=JSON, got {item!r}")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -130,15 +131,32 @@ def cmd_envs(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     from tokengym.envs import registered_envs
+    from tokengym.envs.registry import ENTRY_POINT_GROUP, import_modules, register_declared_envs
 
-    for env_id in registered_envs():
+    before = set(gym.registry)
+    import_modules(args.imports)
+    imported = sorted(set(gym.registry) - before)
+    declared = {d.env_id: d for d in register_declared_envs()}
+    broken = 0
+    for env_id in sorted({*registered_envs(), *imported, *declared}):
         entry = gym.spec(env_id).entry_point
         doc = ""
         if isinstance(entry, str):
             module, _, name = entry.partition(":")
-            cls = getattr(__import__(module, fromlist=[name]), name)
-            doc = (cls.__doc__ or "").strip().splitlines()[0]
+            try:
+                cls = getattr(importlib.import_module(module), name)
+                doc = ((cls.__doc__ or "").strip().splitlines() or [""])[0]
+            except (ImportError, AttributeError) as err:
+                broken += 1
+                doc = f"cannot load {entry}: {err}"
+        if env_id in declared:
+            doc = f"{doc} [{declared[env_id].distribution}]".strip()
         print(f"{env_id:28s} {doc}")
+    if broken:
+        print(f"{broken} env(s) cannot be loaded (see above)", file=sys.stderr)
+        return 1
+    if not declared:
+        print(f"\n(no installed package declares envs in the {ENTRY_POINT_GROUP!r} entry points)")
     return 0
 
 
@@ -302,15 +320,14 @@ def _policy_factory(args: argparse.Namespace, engine_kwargs: dict[str, Any], tok
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    import gymnasium as gym
-
-    import tokengym.envs  # noqa: F401  (registers the tokengym/ envs)
+    from tokengym.envs import EnvRef, load_tokenizer, resolve_env_id
     from tokengym.policies import SamplingParams
     from tokengym.recorder import TrajectoryWriter, rollout, summary_table
 
-    if args.env_id not in gym.registry:
-        raise ValueError(f"unknown environment {args.env_id!r}; registered: {', '.join(tokengym.envs.registered_envs())}")
-    from tokengym.envs import load_tokenizer
+    resolve_env_id(args.env_id, args.imports)  # an unknown env fails here, before anything is loaded
+    extra_env_kwargs = _template_kwargs(args.env_kwarg, "--env-kwarg")
+    if "tokenizer" in extra_env_kwargs:
+        raise ValueError("pass the env's tokenizer with --tokenizer, not --env-kwarg tokenizer=...")
 
     if not (args.tokenizer or args.model):
         raise ValueError("pass --model (and --tokenizer when it differs), or --tokenizer for --policy scripted")
@@ -339,13 +356,14 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     else:
         backend, env_tokenizer = "local", tokenizer
         policy = _policy_factory(args, engine_kwargs, tokenizer)()
-    env_kwargs = {"tokenizer": env_tokenizer, "max_turns": args.max_turns}
+    env_kwargs = {"tokenizer": env_tokenizer, "max_turns": args.max_turns, **extra_env_kwargs}
+    make_env = EnvRef(args.env_id, tuple(args.imports), env_kwargs)
     policy_spec: dict[str, Any] = {"kind": args.policy, "model": args.model}
     if args.policy == "scripted":
         policy_spec["replies"] = list(args.reply)
     run = {
         "env_id": args.env_id,
-        "env_kwargs": {"max_turns": args.max_turns},
+        "env_kwargs": {"max_turns": args.max_turns, **extra_env_kwargs},
         "policy": policy_spec,
         "sampling": sampling.as_dict(),
         "seed": args.seed,
@@ -357,8 +375,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             if not ids:
                 return EXIT_OK
             result = rollout(
-                args.env_id, policy, episodes=ids, concurrency=args.concurrency, sampling=sampling,
-                seed=args.seed, env_kwargs=env_kwargs, on_episode=writer.write, progress=not args.quiet,
+                make_env, policy, episodes=ids, concurrency=args.concurrency, sampling=sampling,
+                seed=args.seed, on_episode=writer.write, progress=not args.quiet,
                 backend=backend,
             )
     except stopped as err:
@@ -484,7 +502,19 @@ def build_parser() -> argparse.ArgumentParser:
         "rollout", help="run episodes of an env with a policy and record them",
         epilog=ROLLOUT_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    r.add_argument("env_id", help="a registered id, e.g. tokengym/Replay-v0")
+    r.add_argument(
+        "env_id",
+        help="a registered id (tokengym/Calculator-v0), MODULE:ID (gymnasium's form: imports MODULE first), or an "
+        "env an installed package declares in the 'tokengym.envs' entry points (see `tokengym envs`)",
+    )
+    r.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        help="import MODULE first (it registers the env); repeatable",
+    )
+    r.add_argument(
+        "--env-kwarg", action="append", default=[], metavar="KEY=JSON",
+        help="passed to the env (a value that is not JSON is a string), e.g. max_invalid_calls=5; repeatable",
+    )
     r.add_argument("--policy", choices=["hf", "vllm", "openai", "scripted"], default="hf")
     r.add_argument("--model", help="local folder or hub name of a causal LM (the served name for openai)")
     r.add_argument("--reply", action="append", default=[], metavar="TEXT", help="with --policy scripted: the reply of turn k")
@@ -518,7 +548,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_inspect_parser(sub)
 
-    e = sub.add_parser("envs", help="list the registered environments")
+    e = sub.add_parser(
+        "envs", help="list the registered environments",
+        description="List the tokengym/ envs, the envs installed packages declare in the 'tokengym.envs' entry "
+        "points, and those the --import modules register.",
+    )
+    e.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help="repeatable")
     e.set_defaults(func=cmd_envs)
 
     d = sub.add_parser("demo", help="SmolLM2-135M on Calculator-v0 episodes, recorded (CPU is enough)")

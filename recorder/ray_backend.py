@@ -113,11 +113,15 @@ class EnvWorker:
     """
 
     def __init__(self, make_env: Callable[[], gym.Env] | str, env_kwargs: dict[str, Any] | None, slots: int) -> None:
-        if isinstance(make_env, str) and isinstance((env_kwargs or {}).get("tokenizer"), (str, os.PathLike)):
-            from tokengym.envs import load_tokenizer
+        from tokengym.envs import load_tokenizer
+        from tokengym.envs.registry import EnvRef
 
+        if isinstance(make_env, str):
+            # Resolved here as in the caller's process: module:id, declared envs (tokengym.envs.registry).
+            make_env, env_kwargs = EnvRef(make_env, (), dict(env_kwargs or {})), None
+        if isinstance(make_env, EnvRef) and isinstance(make_env.kwargs.get("tokenizer"), (str, os.PathLike)):
             # Load a named tokenizer once for all of this worker's env copies (as the CLI does locally).
-            env_kwargs = {**env_kwargs, "tokenizer": load_tokenizer(env_kwargs["tokenizer"])}  # type: ignore[dict-item]
+            make_env = make_env.with_kwargs(tokenizer=load_tokenizer(make_env.kwargs["tokenizer"]))
         factory = env_factory(make_env, env_kwargs)
         self._envs = [RecordEpisodes(factory(), keep=False) for _ in range(slots)]
         self._free: queue.SimpleQueue[RecordEpisodes] = queue.SimpleQueue()

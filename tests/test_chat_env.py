@@ -132,6 +132,32 @@ def test_bad_actions_raise_value_error(qwen25, action, match):
     env.step([9707])
 
 
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda tok: "What is 2 + 3?", r"the action is text \('What is 2 \+ 3\?'\), not token ids: encode text with "
+         r"tokenizer.encode\(text, add_special_tokens=False\)"),
+        (lambda tok: tok("What is 2 + 3?"), r"the action is a BatchEncoding with keys \['attention_mask', 'input_ids'\].*"
+         r"tokenizer\(text\)\['input_ids'\].*tokenizer.encode\(text, add_special_tokens=False\)"),
+        (lambda tok: {"input_ids": [1, 2]}, r"the action is a dict with keys \['input_ids'\]"),
+        (lambda tok: [], r"the action is empty \(list of 0 ids\)"),
+        (lambda tok: np.array([9707.0, 11.0]), r"got float64 numbers \(ndarray, first values \[9707.0, 11.0\]\): if these are "
+         r"token ids, convert with np.asarray\(ids, dtype=np.int64\)"),
+        (lambda tok: np.array([0.25, 0.75]), r"got float64 numbers.*sample token ids first"),
+        (lambda tok: ["What", "is"], r"got text or objects \(list, first values \['What', 'is'\]\): encode text with"),
+        (lambda tok: None, r"the action is None"),
+        (lambda tok: np.array([[9707, 11]]), r"got shape \(1, 2\): pass one sequence, e.g. ids\[0\]"),
+    ],
+)
+def test_wrong_action_types_say_what_was_passed_and_how_to_encode(qwen25, make, match):
+    env = Echo(qwen25)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=match):
+        env.step(make(qwen25))
+    obs, *_ = env.step(qwen25.encode("What is 2 + 3?", add_special_tokens=False))  # the fix the message names works
+    assert obs.dtype == np.int64
+
+
 def test_step_before_reset_and_after_end(qwen25):
     env = Echo(qwen25, rounds=1)
     with pytest.raises(ResetNeeded, match="reset"):

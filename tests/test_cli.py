@@ -72,6 +72,61 @@ def test_check_template_bad_input_is_a_clear_error(tmp_path, capsys, content, ma
     assert match in capsys.readouterr().err
 
 
+def _broken(mutate) -> list[dict]:
+    messages = example_transcript()["messages"]
+    mutate(messages)
+    return messages
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda m: m[2].update(role="asistant"), r'message 2: unknown role \'asistant\'; did you mean "assistant"'),
+        (lambda m: m[1].update(role=None), r"message 1: unknown role None; a role is one of system,"),
+        (
+            lambda m: m[2]["tool_calls"][1]["function"].update(arguments='{"city": "Berlin"'),
+            r"message 2: the arguments of tool call 1 \(get_weather\) are not valid JSON",
+        ),
+        (
+            lambda m: m[2]["tool_calls"][0]["function"].update(arguments="[1, 2]"),
+            r"message 2: the arguments of tool call 0 \(get_weather\) are list, not an object",
+        ),
+        (lambda m: m[2].update(tool_call=m[2].pop("tool_calls")), r'message 2: unknown key \'tool_call\'; did you mean "tool_calls"'),
+        (lambda m: m[3].update(tool_calls=[]), r"message 3: a tool message has tool_calls"),
+        (lambda m: m[2].update(tool_calls={"name": "x"}), r"message 2: tool_calls is dict; write a list"),
+        (lambda m: m[1].update(content=5), r"message 1: content is int"),
+        # A known role that Qwen2.5's template skips: found by the render, not by the names.
+        (lambda m: m[0].update(role="developer"), r"message 0 \(developer\): the chat template leaves its text out"),
+    ],
+)
+def test_check_template_refuses_a_broken_transcript_naming_the_message(tmp_path, capsys, mutate, match):
+    """Templates skip roles they do not render and read missing keys as empty: these used to pass, or
+    fail without an index."""
+    conv = tmp_path / "conv.json"
+    conv.write_text(json.dumps(_broken(mutate)))
+    assert main(["check-template", "qwen2.5", "--conversation", str(conv)]) == 2
+    captured = capsys.readouterr()
+    assert re.search(match, captured.err) and "turn" not in captured.out
+
+
+@pytest.mark.parametrize(
+    "role, when, index", [("tool", "m.role == 'tool'", 3), ("assistant", "m.reasoning_content is defined", 2)]
+)
+def test_check_template_names_the_message_a_template_error_comes_from(tmp_path, capsys, role, when, index):
+    """A template that reads a key some messages lack fails on the first such message (the prompt's
+    observation, or an assistant turn rendered as the reference action), by index."""
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        f"{{% if {when} %}}{{{{ m.meta.source }}}}{{% endif %}}<|im_end|>\n{{% endfor %}}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    code = main(["check-template", "qwen2.5", "--conversation", str(EXAMPLE), "--chat-template", str(template)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"error: message {index} ({role}): the chat template failed to render" in err and "'meta'" in err
+
+
 def test_demo_and_envs_as_a_user_runs_them(tmp_path):
     out = tmp_path / "runs"
     proc = subprocess.run(

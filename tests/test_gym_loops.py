@@ -93,6 +93,46 @@ def test_async_vector_env(renderer):
         envs.close()
 
 
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_make_vec_the_gymnasium_way(renderer, mode):
+    """``gym.make_vec`` with no vector kwargs: the async env shares variable-length observations
+    through tokengym's shared memory (gymnasium refuses it for a plain Sequence space)."""
+    envs = gym.make_vec("tokengym/Calculator-v0", num_envs=2, vectorization_mode=mode, tokenizer="qwen2.5")
+    try:
+        assert envs.single_observation_space == gym.spaces.Sequence(gym.spaces.Discrete(renderer.vocab_size), stack=True)
+        obs, infos = envs.reset(seed=[5, 6])
+        assert type(obs) is tuple and all(o.dtype == np.int64 for o in obs)
+        local = gym.make("tokengym/Calculator-v0", tokenizer=renderer)
+        prompts = [local.reset(seed=s)[0] for s in (5, 6)]
+        assert all(np.array_equal(o, p) for o, p in zip(obs, prompts))  # the whole prompt, token for token
+        answers = tuple(answer_ids(renderer, a) for a in infos["task"]["answer"])
+        for _ in range(3):  # solve, autoreset, solve the new tasks
+            obs, rewards, terminated, truncated, infos = envs.step(answers)
+            assert rewards.tolist() == [1.0, 1.0] and terminated.all() and [len(o) for o in obs] == [0, 0]
+            obs, rewards, terminated, truncated, infos = envs.step(answers)  # next-step autoreset: new prompts
+            assert not terminated.any() and all(len(o) > 0 for o in obs)
+            assert [renderer.decode(o).count("<|im_start|>user") for o in obs] == [1, 1]
+            answers = tuple(answer_ids(renderer, a) for a in infos["task"]["answer"])
+    finally:
+        envs.close()
+
+
+def test_shared_memory_too_small_for_an_observation_names_the_fix(renderer):
+    from tokengym.envs.spaces import TokenSequence
+
+    def make():
+        env = gym.make("tokengym/Calculator-v0", tokenizer="qwen2.5")
+        env.unwrapped.observation_space = TokenSequence(renderer.vocab_size, capacity=16)
+        return env
+
+    envs = gym.vector.AsyncVectorEnv([make, make])
+    try:
+        with pytest.raises(ValueError, match=r"an observation of \d+ tokens does not fit the 16 ids.*'shared_memory': False"):
+            envs.reset(seed=0)
+    finally:
+        envs.close(terminate=True)
+
+
 def test_the_docs_gymnasium_example_runs(capsys):
     block = re.search(r"<!-- run: gym -->\s*```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S).group(1)
     exec(compile(block, "docs/integrations.md", "exec"), {})

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import shutil
+import socket
+import threading
 
 import pytest
 
@@ -152,3 +155,79 @@ def test_cli_help_names_every_pin():
     from tokengym.recorder.cli import _PINNED_NAMES
 
     assert _PINNED_NAMES.split(", ") == list(tk.PINNED_TOKENIZERS)
+
+
+@pytest.fixture
+def fresh_probe():
+    """The per-process hub probe forgotten before and after the test (it caches by endpoint)."""
+    probe = tk._probe_hub
+    probe.cache_clear()
+    yield probe
+    probe.cache_clear()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "typo, near",
+    [("qwen-3", "qwen3"), ("Qwen-2.5", "qwen2.5"), ("Qwen/Qwen3-0.6b", "Qwen/Qwen3-0.6B"), ("smollm2-135m", "SmolLM2-135M-Instruct")],
+)
+def test_a_mistyped_name_offline_fails_at_once_with_the_closest_name(typo, near, monkeypatch, fresh_probe):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(tk, "_probe_hub", lambda endpoint: pytest.fail("the offline flag is enough: no probe"))
+    with pytest.raises(OSError, match=rf"could not load tokenizer '{typo}' \(not in the local cache, and the hub cannot "
+                       rf"be used: HF_HUB_OFFLINE is set\)\. did you mean '{near}'\?"):
+        tk.load_tokenizer(typo)
+
+
+def test_no_suggestion_for_a_name_like_none_known():
+    assert tk.suggest_tokenizer("meta-llama/Llama-3.1-8B") is None
+    assert tk.suggest_tokenizer("qwen2_5x") == "qwen2.5"  # an alias is suggested as the name it stands for
+
+
+def test_an_unreachable_hub_is_detected_once_per_process(monkeypatch, fresh_probe):
+    """A hub endpoint that refuses connections: load_tokenizer fails without hub retries, and
+    the probe is asked once."""
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
+    with pytest.raises(OSError, match=rf"the hub cannot be used: {endpoint} does not answer: .*refused.*did you mean 'qwen3'"):
+        tk.load_tokenizer("qwen-3")
+    with pytest.raises(OSError, match="does not answer"):
+        tk.load_tokenizer("qwen_3")
+    info = fresh_probe.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+
+
+def test_a_hub_that_answers_any_status_is_reachable(monkeypatch, fresh_probe):
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802 (the handler API)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        import huggingface_hub.constants
+
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+        assert tk.hub_unreachable_reason() is None
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

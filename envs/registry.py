@@ -1,0 +1,150 @@
+"""Find environments by name wherever they are declared, and make them, the same way in every process.
+
+An env name reaches tokengym from a command line or a Ray worker, far from the code that
+registered it, so resolving it cannot rely on the caller having imported that code. A name
+resolves through, in order:
+
+* gymnasium's ``module:id`` form (``mylab:Todo-v0`` imports ``mylab``, then makes ``Todo-v0``);
+* modules to import first (``tokengym rollout --import mylab.envs``), which register on import;
+* envs that installed packages declare in the ``tokengym.envs`` entry-point group, one per
+  entry: the name is the env id and the value its gymnasium entry point, e.g. in the
+  package's ``pyproject.toml``::
+
+      [project.entry-points."tokengym.envs"]
+      "mylab/Todo-v0" = "mylab.todo:TodoEnv"
+
+  Declared envs are registered with gymnasium without importing the package (it is imported
+  when the env is made), and ``tokengym envs`` lists them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from importlib import metadata
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.envs.registration import register, registry
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "DeclaredEnv",
+    "EnvRef",
+    "declared_envs",
+    "import_modules",
+    "make_env",
+    "register_declared_envs",
+    "resolve_env_id",
+]
+
+ENTRY_POINT_GROUP = "tokengym.envs"
+"""The entry-point group where installed packages declare envs (name: env id, value: ``module:attr``)."""
+
+
+@dataclass(frozen=True)
+class DeclaredEnv:
+    """An env an installed package declares in :data:`ENTRY_POINT_GROUP`."""
+
+    env_id: str
+    entry_point: str
+    distribution: str
+
+
+def declared_envs() -> list[DeclaredEnv]:
+    """Every env declared by an installed package, sorted by id.
+
+    Two packages declaring the same id is an error that names both: which one a name
+    means would otherwise depend on the install order.
+    """
+    found: dict[str, DeclaredEnv] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist is not None else "?"
+        env = DeclaredEnv(ep.name, ep.value, dist)
+        if ":" not in ep.value:
+            raise ValueError(
+                f"package {dist} declares env {ep.name!r} in the {ENTRY_POINT_GROUP!r} entry points as "
+                f"{ep.value!r}; the value must be 'module:attribute' (an env class or a factory)"
+            )
+        other = found.get(ep.name)
+        if other is not None and (other.entry_point, other.distribution) != (env.entry_point, env.distribution):
+            raise ValueError(
+                f"env {ep.name!r} is declared twice in the {ENTRY_POINT_GROUP!r} entry points: by {other.distribution} "
+                f"({other.entry_point}) and by {dist} ({ep.value}); uninstall one of them"
+            )
+        found[ep.name] = env
+    return [found[k] for k in sorted(found)]
+
+
+def register_declared_envs() -> list[DeclaredEnv]:
+    """Register with gymnasium every declared env not registered yet (a package's own
+    ``register`` call, made when it is imported, is kept). Returns the declared envs."""
+    envs = declared_envs()
+    for env in envs:
+        if env.env_id not in registry:
+            register(id=env.env_id, entry_point=env.entry_point)
+    return envs
+
+
+def import_modules(modules: Sequence[str]) -> None:
+    """Import the modules that register envs, with an error that names the module and the fix."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ValueError(
+                f"cannot import {name!r} to register its envs ({err}); install its package or add its folder "
+                "to PYTHONPATH"
+            ) from err
+
+
+def resolve_env_id(spec: str, imports: Sequence[str] = ()) -> str:
+    """The registered id ``spec`` names, after importing ``imports`` and ``spec``'s module part
+    and registering the declared envs; a ValueError with the near names and the ways to
+    register an env when there is none."""
+    import tokengym.envs  # noqa: F401  (registers the tokengym/ envs; needed in a fresh process)
+
+    module, sep, env_id = spec.rpartition(":")
+    import_modules([*imports, *([module] if sep else [])])
+    register_declared_envs()
+    try:
+        return gym.spec(env_id).id
+    except gym.error.Error as err:
+        near = difflib.get_close_matches(env_id, list(registry), n=2, cutoff=0.85)
+        hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
+        raise ValueError(
+            f"unknown environment {env_id!r} ({err}). {hint}An env is found when a module that registers it "
+            f"is imported (write MODULE:{env_id}, or pass --import MODULE) or when an installed package "
+            f"declares it in the {ENTRY_POINT_GROUP!r} entry points; `tokengym envs` lists the known ones"
+        ) from None
+
+
+def make_env(spec: str, imports: Sequence[str] = (), kwargs: Mapping[str, Any] | None = None) -> gym.Env:
+    """``gym.make`` of the env ``spec`` names (see :func:`resolve_env_id`), with ``kwargs``; an
+    argument the env does not take is a ValueError that lists the ones passed."""
+    env_id, kwargs = resolve_env_id(spec, imports), dict(kwargs or {})
+    try:
+        return gym.make(env_id, **kwargs)
+    except TypeError as err:
+        if "argument" not in str(err):
+            raise
+        raise ValueError(f"{env_id} cannot be made with the arguments {sorted(kwargs)}: {err}") from err
+
+
+@dataclass(frozen=True)
+class EnvRef:
+    """A picklable env factory by name: the same resolution in the process that makes the env
+    (a Ray worker) as in the one that named it (the command line)."""
+
+    spec: str
+    imports: tuple[str, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> gym.Env:
+        return make_env(self.spec, self.imports, self.kwargs)
+
+    def with_kwargs(self, **kwargs: Any) -> EnvRef:
+        """A copy whose env kwargs are updated with ``kwargs``."""
+        return replace(self, kwargs={**self.kwargs, **kwargs})

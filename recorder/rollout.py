@@ -226,17 +226,13 @@ class _Slot:
 
 
 def env_factory(make_env: Callable[[], gym.Env] | str, env_kwargs: dict[str, Any] | None = None) -> Callable[[], gym.Env]:
-    """A factory of envs from a factory or a registered id (made with ``env_kwargs``)."""
+    """A factory of envs from a factory or an env id (made with ``env_kwargs``): a registered id,
+    gymnasium's ``module:id`` form or an env an installed package declares, resolved as the CLI does."""
     if not isinstance(make_env, str):
         return make_env
-    env_id, kwargs = make_env, dict(env_kwargs or {})
+    from tokengym.envs import EnvRef
 
-    def make() -> gym.Env:
-        if env_id.startswith("tokengym/") and env_id not in gym.registry:
-            import tokengym.envs  # noqa: F401  (registers the tokengym/ envs; needed in a fresh worker process)
-        return gym.make(env_id, **kwargs)
-
-    return make
+    return EnvRef(make_env, (), dict(env_kwargs or {}))
 
 
 def sampling_record(base: SamplingParams, name: str, logprob_kind: str, seed: int) -> dict[str, Any]:

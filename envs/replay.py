@@ -255,23 +255,38 @@ class ReplayEnv(ChatEnv):
 
     def _check_rendered(self) -> None:
         """A TemplateError naming the first non-assistant message whose text the template leaves
-        out of the whole conversation: templates skip roles they do not know, silently.
-        (Assistant text is not checked: some templates print only an assistant's tool calls.)"""
+        out of every conversation that holds it: templates skip roles they do not know, silently.
+        A message the whole render leaves out is looked for in the renders of the conversation's
+        prefixes that hold it, since some templates render a message only while it is near the end
+        (Mistral's system prompt goes with the last user message). (Assistant text is not checked:
+        some templates print only an assistant's tool calls.)"""
         msgs, tools = self._transcript["messages"], self._transcript["tools"]
-        try:
-            text = " ".join(self.renderer.render_text(msgs, tools, add_generation_prompt=False).split())
-        except TemplateError:
+
+        def rendered(end: int) -> str | None:
+            try:
+                text = self.renderer.render_text(msgs[:end], tools, add_generation_prompt=end < len(msgs))
+            except TemplateError:
+                return None
+            return " ".join(text.split())
+
+        whole = rendered(len(msgs))
+        if whole is None:
             return  # the turn that meets it reports it (conformance: a mismatch in warn mode)
         for i, m in enumerate(msgs):
             content = m.get("content")
             if m["role"] == "assistant" or not isinstance(content, str) or not content.strip():
                 continue
-            plain = " ".join(content.split())
-            if plain not in text and " ".join(json.dumps(content)[1:-1].split()) not in text:
-                raise _message_error(
-                    i, m, "the chat template leaves its text out of the conversation (a role the template does not "
-                    "render?); use a role it renders, e.g. user or system"
-                )
+            forms = (" ".join(content.split()), " ".join(json.dumps(content)[1:-1].split()))
+            if any(f in whole for f in forms):
+                continue
+            if any(
+                (text := rendered(end)) is not None and any(f in text for f in forms) for end in range(i + 1, len(msgs))
+            ):
+                continue
+            raise _message_error(
+                i, m, "the chat template leaves its text out of the conversation (a role the template does not "
+                "render?); use a role it renders, e.g. user or system"
+            )
 
     def reference_message(self, turn: int | None = None) -> Message:
         """The transcript's assistant message for ``turn`` (the current turn by default)."""

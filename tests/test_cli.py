@@ -117,6 +117,7 @@ def test_check_template_names_the_message_a_template_error_comes_from(tmp_path, 
     observation, or an assistant turn rendered as the reference action), by index."""
     template = tmp_path / "t.jinja"
     template.write_text(
+        "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function.name }} {% endfor %}<|im_end|>\n{% endif %}"
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
         f"{{% if {when} %}}{{{{ m.meta.source }}}}{{% endif %}}<|im_end|>\n{{% endfor %}}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -443,11 +443,14 @@ def test_ctrl_c_during_a_tool_call_closes_the_sandbox_and_kills_the_call(qwen25)
     def interrupt(*_):
         raise KeyboardInterrupt
 
+    # The action is built before the timer starts: on a loaded machine building it can take a
+    # second, and the interrupt must land inside step.
+    action = templated("", call("run_shell", command=f"exec sh -c 'sleep 60 & sleep 60' {marker}"))(env)
     old = signal.signal(signal.SIGALRM, interrupt)
     try:
         signal.setitimer(signal.ITIMER_REAL, 1.0)
         with pytest.raises(KeyboardInterrupt):
-            env.step(templated("", call("run_shell", command=f"exec sh -c 'sleep 60 & sleep 60' {marker}"))(env))
+            env.step(action)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)

@@ -6,9 +6,6 @@ import: ``gymnasium.make("tokengym.envs:tokengym/Replay-v0", ...)``). Envs of ot
 found by :func:`make_env` (``module:id``, modules to import, the ``tokengym.envs`` entry points).
 """
 
-from gymnasium.envs.registration import register
-from gymnasium.envs.registration import registry as _gym_registry
-
 from .builtin import CalculatorEnv, KeyValueEnv, PythonSandboxEnv, ShellEnv
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt, token_space
 from .conformance import Conformance, ConformanceError, KnownBehaviour
@@ -33,7 +30,16 @@ from .parsers import (
     register_parser,
 )
 from .render import ChatRenderer, Message, Rendered, TemplateError
-from .registry import ENTRY_POINT_GROUP, DeclaredEnv, EnvRef, declared_envs, make_env, resolve_env_id
+from .registry import (
+    ENTRY_POINT_GROUP,
+    DeclaredEnv,
+    EnvRef,
+    declared_envs,
+    make_env,
+    register_builtin_envs,
+    registered_envs,
+    resolve_env_id,
+)
 from .replay import ReplayEnv, example_transcript, load_transcript
 from .tokenizers import PINNED_TOKENIZERS, fetch_tokenizer, load_tokenizer
 from .tool_env import CallRecord, ToolEnv, answer_reward, extract_answer, strip_reasoning, truncate_middle
@@ -118,19 +124,4 @@ __all__ = [
     "truncate_middle",
 ]
 
-_ENVS = {
-    "tokengym/Replay-v0": "tokengym.envs.replay:ReplayEnv",
-    "tokengym/Calculator-v0": "tokengym.envs.builtin.calculator:CalculatorEnv",
-    "tokengym/KeyValue-v0": "tokengym.envs.builtin.keyvalue:KeyValueEnv",
-    "tokengym/PythonSandbox-v0": "tokengym.envs.builtin.python_sandbox:PythonSandboxEnv",
-    "tokengym/Shell-v0": "tokengym.envs.builtin.shell:ShellEnv",
-}
-
-for _id, _entry in _ENVS.items():
-    if _id not in _gym_registry:
-        register(id=_id, entry_point=_entry)
-
-
-def registered_envs() -> list[str]:
-    """Ids of every environment registered under ``tokengym/``."""
-    return sorted(i for i in _gym_registry if i.startswith("tokengym/"))
+register_builtin_envs()

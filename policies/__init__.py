@@ -8,7 +8,7 @@ environments: the rollout driver in ``tokengym.recorder`` connects the two.
 from .base import FinishReason, Generation, LogprobKind, Policy, SamplingParams, agenerate
 from .hf import HFPolicy
 from .openai_server import OpenAIServerPolicy
-from .scripted import ScriptedPolicy
+from .scripted import ScriptedPolicy, scripted_replies
 from .vllm import AsyncVLLMPolicy, VLLMPolicy  # vllm itself is imported only when one is built
 
 __all__ = [
@@ -23,4 +23,5 @@ __all__ = [
     "ScriptedPolicy",
     "VLLMPolicy",
     "agenerate",
+    "scripted_replies",
 ]

@@ -254,36 +254,6 @@ def _demo_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scripted_policy(replies: Sequence[str], tokenizer: Any) -> Any:
-    """Reply ``replies[k]`` on turn k (the last one from then on), each closed by the end-of-turn token.
-
-    The turn is the number of generation prompts in the context, minus one.
-    """
-    from tokengym.envs import ChatRenderer
-    from tokengym.policies import ScriptedPolicy
-
-    if not replies:
-        raise ValueError("--policy scripted needs at least one --reply TEXT")
-    renderer = ChatRenderer(tokenizer)
-    marker = renderer.encode(renderer.generation_prompt)
-    n = len(marker)
-
-    def script(context: np.ndarray) -> list[int]:
-        ids = context.tolist()
-        turns = sum(ids[i : i + n] == marker for i in range(len(ids) - n + 1)) if n else 1
-        text = replies[min(max(turns - 1, 0), len(replies) - 1)]
-        return renderer.encode_action_text(text) + list(renderer.turn_end_ids)
-
-    return ScriptedPolicy(script, name="scripted")
-
-
-def _scripted_policy_from(replies: Sequence[str], tokenizer: Any) -> Any:
-    """:func:`_scripted_policy` with a tokenizer or its name (loaded inside a Ray engine actor)."""
-    from tokengym.envs import load_tokenizer
-
-    return _scripted_policy(replies, load_tokenizer(tokenizer))
-
-
 def _hf_policy(model: str, tokenizer: Any, device: str, engine_kwargs: dict[str, Any]) -> Any:
     from transformers import AutoModelForCausalLM
 
@@ -302,10 +272,12 @@ def _policy_factory(args: argparse.Namespace, engine_kwargs: dict[str, Any], tok
     """
     import functools
 
+    from tokengym.policies import scripted_replies
+
     if args.policy == "scripted":
         if not args.reply:
             raise ValueError("--policy scripted needs at least one --reply TEXT")
-        return functools.partial(_scripted_policy_from, tuple(args.reply), tokenizer)
+        return functools.partial(scripted_replies, tuple(args.reply), tokenizer)
     if args.policy == "hf":
         return functools.partial(_hf_policy, args.model, tokenizer, args.device, engine_kwargs)
     if args.policy == "vllm":

@@ -6,6 +6,9 @@ import: ``gymnasium.make("tokengym.envs:tokengym/Replay-v0", ...)``). Envs of ot
 found by :func:`make_env` (``module:id``, modules to import, the ``tokengym.envs`` entry points).
 """
 
+import sys
+from typing import Any
+
 from .builtin import CalculatorEnv, KeyValueEnv, PythonSandboxEnv, ShellEnv
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt, token_space
 from .conformance import Conformance, ConformanceError, KnownBehaviour
@@ -125,3 +128,18 @@ __all__ = [
 ]
 
 register_builtin_envs()
+
+
+def __getattr__(name: str) -> Any:
+    """``__version__``, read from the installed package's metadata when first asked for (it costs
+    an ``importlib.metadata`` scan, which plain imports should not pay)."""
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("tokengym")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ``tokengym`` is a namespace over envs/, policies/ and recorder/, with no __init__ of its own:
+# each part gives it the same ``__version__``, so ``tokengym.__version__`` works once any is imported.
+vars(sys.modules["tokengym"]).setdefault("__getattr__", __getattr__)

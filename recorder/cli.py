@@ -444,8 +444,22 @@ def _plan_episodes(args: argparse.Namespace, stored: set[int]) -> tuple[list[int
 _PINNED_NAMES = "qwen3, qwen2.5, llama3_1, llama3_2, deepseek_v3, gemma3, mistral_nemo"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, reading the installed metadata only when asked (``--help`` does not pay for it)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kwargs.get("help"))
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        from tokengym.recorder import __version__
+
+        print(f"tokengym {__version__}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokengym", description="Token-in/token-out gymnasium environments for LLM agents.")
+    p.add_argument("--version", action=_VersionAction, help="print the installed version and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser(

@@ -36,7 +36,7 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from tokengym.envs import CalculatorEnv, load_tokenizer  # noqa: E402
-from tokengym.recorder.cli import _scripted_policy_from  # noqa: E402
+from tokengym.policies import scripted_replies  # noqa: E402
 from tokengym.recorder.ray_backend import RayBackend  # noqa: E402
 from tokengym.recorder.rollout import rollout  # noqa: E402
 
@@ -107,7 +107,7 @@ def main() -> None:
     results: dict = {"cpus": os.cpu_count(), "load_avg_start": os.getloadavg()[0]}
 
     # 1. overhead: light Calculator-v0 episodes, local backend vs a local Ray
-    policy = functools.partial(_scripted_policy_from, (CALC_CALL, "<answer>5</answer>"), "qwen2.5")
+    policy = functools.partial(scripted_replies, (CALC_CALL, "<answer>5</answer>"), "qwen2.5")
     env_kwargs = {"tokenizer": "qwen2.5", "max_turns": 3}  # each env worker loads it once
     local_policy, local_kwargs = policy(), {**env_kwargs, "tokenizer": tok}
     results["overhead"] = {
@@ -124,7 +124,7 @@ def main() -> None:
 
     # 2. scaling: CPU-bound tools, local backend vs 1..3 simulated nodes of one CPU
     make_env = functools.partial(WorkCalculator, tok, args.work_ms, args.calls + 1)
-    work_policy = functools.partial(_scripted_policy_from, (WORK_CALL,) * args.calls + ("<answer>42</answer>",), "qwen2.5")
+    work_policy = functools.partial(scripted_replies, (WORK_CALL,) * args.calls + ("<answer>42</answer>",), "qwen2.5")
     local_work = work_policy()
     results["scaling"] = {"local": timed(lambda: rollout(make_env, local_work, **kw), args.repeats)}
     for n in args.nodes:

@@ -6,8 +6,8 @@ import: ``gymnasium.make("tokengym.envs:tokengym/Replay-v0", ...)``). Envs of ot
 found by :func:`make_env` (``module:id``, modules to import, the ``tokengym.envs`` entry points).
 """
 
-from gymnasium.envs.registration import register
-from gymnasium.envs.registration import registry as _gym_registry
+import sys
+from typing import Any
 
 from .builtin import CalculatorEnv, KeyValueEnv, PythonSandboxEnv, ShellEnv
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt, token_space
@@ -33,7 +33,16 @@ from .parsers import (
     register_parser,
 )
 from .render import ChatRenderer, Message, Rendered, TemplateError
-from .registry import ENTRY_POINT_GROUP, DeclaredEnv, EnvRef, declared_envs, make_env, resolve_env_id
+from .registry import (
+    ENTRY_POINT_GROUP,
+    DeclaredEnv,
+    EnvRef,
+    declared_envs,
+    make_env,
+    register_builtin_envs,
+    registered_envs,
+    resolve_env_id,
+)
 from .replay import ReplayEnv, example_transcript, load_transcript
 from .tokenizers import PINNED_TOKENIZERS, fetch_tokenizer, load_tokenizer
 from .tool_env import CallRecord, ToolEnv, answer_reward, extract_answer, strip_reasoning, truncate_middle
@@ -118,19 +127,19 @@ __all__ = [
     "truncate_middle",
 ]
 
-_ENVS = {
-    "tokengym/Replay-v0": "tokengym.envs.replay:ReplayEnv",
-    "tokengym/Calculator-v0": "tokengym.envs.builtin.calculator:CalculatorEnv",
-    "tokengym/KeyValue-v0": "tokengym.envs.builtin.keyvalue:KeyValueEnv",
-    "tokengym/PythonSandbox-v0": "tokengym.envs.builtin.python_sandbox:PythonSandboxEnv",
-    "tokengym/Shell-v0": "tokengym.envs.builtin.shell:ShellEnv",
-}
-
-for _id, _entry in _ENVS.items():
-    if _id not in _gym_registry:
-        register(id=_id, entry_point=_entry)
+register_builtin_envs()
 
 
-def registered_envs() -> list[str]:
-    """Ids of every environment registered under ``tokengym/``."""
-    return sorted(i for i in _gym_registry if i.startswith("tokengym/"))
+def __getattr__(name: str) -> Any:
+    """``__version__``, read from the installed package's metadata when first asked for (it costs
+    an ``importlib.metadata`` scan, which plain imports should not pay)."""
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("tokengym")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ``tokengym`` is a namespace over envs/, policies/ and recorder/, with no __init__ of its own:
+# each part gives it the same ``__version__``, so ``tokengym.__version__`` works once any is imported.
+vars(sys.modules["tokengym"]).setdefault("__getattr__", __getattr__)

@@ -36,12 +36,35 @@ __all__ = [
     "declared_envs",
     "import_modules",
     "make_env",
+    "register_builtin_envs",
     "register_declared_envs",
+    "registered_envs",
     "resolve_env_id",
 ]
 
 ENTRY_POINT_GROUP = "tokengym.envs"
 """The entry-point group where installed packages declare envs (name: env id, value: ``module:attr``)."""
+
+BUILTIN_ENVS = {
+    "tokengym/Replay-v0": "tokengym.envs.replay:ReplayEnv",
+    "tokengym/Calculator-v0": "tokengym.envs.builtin.calculator:CalculatorEnv",
+    "tokengym/KeyValue-v0": "tokengym.envs.builtin.keyvalue:KeyValueEnv",
+    "tokengym/PythonSandbox-v0": "tokengym.envs.builtin.python_sandbox:PythonSandboxEnv",
+    "tokengym/Shell-v0": "tokengym.envs.builtin.shell:ShellEnv",
+}
+"""The ``tokengym/`` envs, registered when ``tokengym.envs`` is imported (by entry point: made lazily)."""
+
+
+def register_builtin_envs() -> None:
+    """Register :data:`BUILTIN_ENVS` with gymnasium (those not registered yet)."""
+    for env_id, entry_point in BUILTIN_ENVS.items():
+        if env_id not in registry:
+            register(id=env_id, entry_point=entry_point)
+
+
+def registered_envs() -> list[str]:
+    """Ids of every environment registered under ``tokengym/``."""
+    return sorted(i for i in registry if i.startswith("tokengym/"))
 
 
 @dataclass(frozen=True)
@@ -104,8 +127,7 @@ def resolve_env_id(spec: str, imports: Sequence[str] = ()) -> str:
     """The registered id ``spec`` names, after importing ``imports`` and ``spec``'s module part
     and registering the declared envs; a ValueError with the near names and the ways to
     register an env when there is none."""
-    import tokengym.envs  # noqa: F401  (registers the tokengym/ envs; needed in a fresh process)
-
+    register_builtin_envs()  # a fresh process may not have imported tokengym.envs' facade
     module, sep, env_id = spec.rpartition(":")
     import_modules([*imports, *([module] if sep else [])])
     register_declared_envs()

@@ -31,7 +31,7 @@ import numpy as np
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt
 from .parsers import ParsedCall, ToolCallParser, call_evidence, get_parser, parse_calls
 from .render import Message
-from .tools import Tool, ToolCall, ToolRunner, _expand
+from .tools import Tool, ToolCall, ToolRunner, expand_tools
 
 __all__ = [
     "CallRecord",
@@ -242,7 +242,7 @@ class ToolEnv(ChatEnv):
             raise ValueError(f"tool result budgets must be at least {MIN_RESULT_TOKENS} tokens")
         super().__init__(tokenizer, max_turns=max_turns, **kwargs)
         self.tasks = tasks
-        self.static_tools = _expand(tools)
+        self.static_tools = expand_tools(tools)
         self._check_names(self.static_tools)
         for t in self.static_tools:
             t.schema  # noqa: B018 -- fail now, not in the first episode, when a schema cannot be built
@@ -333,7 +333,7 @@ class ToolEnv(ChatEnv):
 
     def make_prompt(self, options: dict[str, Any]) -> Prompt:
         task = self.sample_task(options)
-        tools = _expand(self.episode_tools(task))
+        tools = expand_tools(self.episode_tools(task))
         self._check_names(tools)
         self._tools_by_name = {t.name: t for t in tools}
         self._task = task

@@ -57,6 +57,7 @@ __all__ = [
     "abandoned_threads",
     "as_tool",
     "check_arguments",
+    "expand_tools",
     "result_text",
     "tool",
     "tools_of",
@@ -281,7 +282,9 @@ def tools_of(obj: Any) -> list[Tool]:
     return [getattr(obj, attr) for attr in names]
 
 
-def _expand(tools: Iterable[Any]) -> list[Tool]:
+def expand_tools(tools: Iterable[Any]) -> list[Tool]:
+    """Tools from what an env was given: a tool or a callable is one tool, anything else (an
+    object with ``@tool`` methods) gives all of its tools, so envs accept the three alike."""
     out: list[Tool] = []
     for t in tools:
         if isinstance(t, Tool) or callable(t):

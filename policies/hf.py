@@ -12,21 +12,24 @@ recomputes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import inspect
 
 import numpy as np
-import torch
-from transformers import DynamicCache
 
 from .base import Generation, SamplingParams, check_contexts, per_request
+
+if TYPE_CHECKING:  # torch and transformers load when a policy is built, not with the package
+    import torch
 
 __all__ = ["HFPolicy"]
 
 
 def _filter_logits(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
     """Temperature, top-k and top-p applied to one row of float32 logits."""
+    import torch
+
     out = logits / sp.temperature
     if sp.top_k and sp.top_k < out.numel():
         kth = torch.topk(out, sp.top_k).values[-1]
@@ -62,6 +65,8 @@ class HFPolicy:
         pad_token_id: int = 0,
         model_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        import torch
+
         if isinstance(model, str):
             from transformers import AutoModelForCausalLM
 
@@ -76,11 +81,21 @@ class HFPolicy:
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
-    @torch.inference_mode()
     def generate(
         self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
         """Sample a continuation for every context; stop tokens and stop strings stay in the output."""
+        import torch
+
+        with torch.inference_mode():
+            return self._generate(contexts, sampling)
+
+    def _generate(
+        self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Generation]:
+        import torch
+        from transformers import DynamicCache
+
         params = per_request(sampling, len(contexts))
         contexts = check_contexts(contexts)
         if not contexts:

@@ -20,13 +20,10 @@ concurrently in threads.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -101,6 +98,9 @@ class OpenAIServerPolicy:
             headers["Content-Type"] = "application/json"
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        import urllib.error  # http.client and email: imported when a request is made
+        import urllib.request
+
         req = urllib.request.Request(url, data=data, headers=headers, method=method)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout if timeout is None else timeout) as resp:
@@ -214,6 +214,8 @@ class OpenAIServerPolicy:
         """The async form: each request in a worker thread, at most ``max_concurrency`` at once."""
         params = per_request(sampling, len(contexts))
         contexts = check_contexts(contexts)
+        import asyncio
+
         gate = asyncio.Semaphore(self.max_concurrency)
 
         async def one(c: Sequence[int], p: SamplingParams) -> Generation:

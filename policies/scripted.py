@@ -14,7 +14,7 @@ import numpy as np
 
 from .base import Generation, SamplingParams, per_request
 
-__all__ = ["ScriptedPolicy"]
+__all__ = ["ScriptedPolicy", "scripted_replies"]
 
 Reply = str | Sequence[int] | np.ndarray
 
@@ -66,3 +66,27 @@ class ScriptedPolicy:
                     finish = "stop_string"
             out.append(Generation(np.array(ids), None, finish, self.logprob_kind))  # type: ignore[arg-type]
         return out
+
+
+def scripted_replies(replies: Sequence[str], tokenizer: Any) -> ScriptedPolicy:
+    """Reply ``replies[k]`` on turn k (the last one from then on), each closed by the end-of-turn token.
+
+    The turn is the number of generation prompts in the context, minus one. ``tokenizer`` may
+    be a name: ``functools.partial(scripted_replies, replies, "qwen2.5")`` is a picklable policy
+    factory (the CLI's ``--policy scripted``; a Ray engine actor loads the tokenizer itself).
+    """
+    from tokengym.envs import ChatRenderer, load_tokenizer
+
+    if not replies:
+        raise ValueError("--policy scripted needs at least one --reply TEXT")
+    renderer = ChatRenderer(load_tokenizer(tokenizer))
+    marker = renderer.encode(renderer.generation_prompt)
+    n = len(marker)
+
+    def script(context: np.ndarray) -> list[int]:
+        ids = context.tolist()
+        turns = sum(ids[i : i + n] == marker for i in range(len(ids) - n + 1)) if n else 1
+        text = replies[min(max(turns - 1, 0), len(replies) - 1)]
+        return renderer.encode_action_text(text) + list(renderer.turn_end_ids)
+
+    return ScriptedPolicy(script, name="scripted")

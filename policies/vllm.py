@@ -26,7 +26,6 @@ The async engine always runs its engine core in a child process.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import threading
 import uuid
@@ -197,6 +196,8 @@ class AsyncVLLMPolicy:
         self.name = f"vllm-async:{model}"
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]
+        import asyncio
+
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tokengym-vllm-async", daemon=True)
         self._thread.start()
@@ -218,6 +219,8 @@ class AsyncVLLMPolicy:
         return AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **kwargs))
 
     def _call(self, coro: Any) -> Any:
+        import asyncio
+
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def _one(self, context: list[int], sp: SamplingParams) -> Generation:
@@ -233,6 +236,8 @@ class AsyncVLLMPolicy:
         return _generation(final, self.logprob_kind, len(context))
 
     async def _batch(self, contexts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        import asyncio
+
         return list(await asyncio.gather(*(self._one(c, p) for c, p in zip(contexts, params))))
 
     async def agenerate(
@@ -242,6 +247,8 @@ class AsyncVLLMPolicy:
         batch = self._prepare(contexts, sampling)
         if batch is None:
             return []
+        import asyncio
+
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(batch, self._loop))
 
     def generate(

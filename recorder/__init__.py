@@ -1,5 +1,8 @@
 """tokengym.recorder: segments, trajectories and the wrapper that records episodes."""
 
+import sys
+from typing import Any
+
 from .batches import (
     PackedBatch,
     VerlBatch,
@@ -38,3 +41,18 @@ __all__ = [
     "read_trajectories",
     "tokenizer_fingerprint",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``__version__``, read from the installed package's metadata when first asked for (it costs
+    an ``importlib.metadata`` scan, which plain imports should not pay)."""
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("tokengym")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ``tokengym`` is a namespace over envs/, policies/ and recorder/, with no __init__ of its own:
+# each part gives it the same ``__version__``, so ``tokengym.__version__`` works once any is imported.
+vars(sys.modules["tokengym"]).setdefault("__getattr__", __getattr__)

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
-import torch
 
 from .segments import SegmentKind
 from .trajectory import Trajectory
+
+if TYPE_CHECKING:  # torch is imported by the layouts that build tensors, not by readers of a store
+    import torch
 
 __all__ = [
     "PackedBatch",
@@ -182,6 +184,8 @@ def to_verl(
     (or the last kept token if no action token survives), so each row still sums to the
     episode's return.
     """
+    import torch
+
     _check_nonempty(trajs)
     if overlong not in ("error", "truncate"):
         raise ValueError(f'overlong must be "error" or "truncate", not {overlong!r}')
@@ -366,6 +370,8 @@ def to_packed(
         trajs: the episodes.
         advantages: one value per trajectory, broadcast to its action tokens.
     """
+    import torch
+
     _check_nonempty(trajs)
     adv = _per_traj_advantages(advantages, len(trajs))
     lens = np.array([len(t) for t in trajs], dtype=np.int64)

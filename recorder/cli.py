@@ -254,36 +254,6 @@ def _demo_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scripted_policy(replies: Sequence[str], tokenizer: Any) -> Any:
-    """Reply ``replies[k]`` on turn k (the last one from then on), each closed by the end-of-turn token.
-
-    The turn is the number of generation prompts in the context, minus one.
-    """
-    from tokengym.envs import ChatRenderer
-    from tokengym.policies import ScriptedPolicy
-
-    if not replies:
-        raise ValueError("--policy scripted needs at least one --reply TEXT")
-    renderer = ChatRenderer(tokenizer)
-    marker = renderer.encode(renderer.generation_prompt)
-    n = len(marker)
-
-    def script(context: np.ndarray) -> list[int]:
-        ids = context.tolist()
-        turns = sum(ids[i : i + n] == marker for i in range(len(ids) - n + 1)) if n else 1
-        text = replies[min(max(turns - 1, 0), len(replies) - 1)]
-        return renderer.encode_action_text(text) + list(renderer.turn_end_ids)
-
-    return ScriptedPolicy(script, name="scripted")
-
-
-def _scripted_policy_from(replies: Sequence[str], tokenizer: Any) -> Any:
-    """:func:`_scripted_policy` with a tokenizer or its name (loaded inside a Ray engine actor)."""
-    from tokengym.envs import load_tokenizer
-
-    return _scripted_policy(replies, load_tokenizer(tokenizer))
-
-
 def _hf_policy(model: str, tokenizer: Any, device: str, engine_kwargs: dict[str, Any]) -> Any:
     from transformers import AutoModelForCausalLM
 
@@ -302,10 +272,12 @@ def _policy_factory(args: argparse.Namespace, engine_kwargs: dict[str, Any], tok
     """
     import functools
 
+    from tokengym.policies import scripted_replies
+
     if args.policy == "scripted":
         if not args.reply:
             raise ValueError("--policy scripted needs at least one --reply TEXT")
-        return functools.partial(_scripted_policy_from, tuple(args.reply), tokenizer)
+        return functools.partial(scripted_replies, tuple(args.reply), tokenizer)
     if args.policy == "hf":
         return functools.partial(_hf_policy, args.model, tokenizer, args.device, engine_kwargs)
     if args.policy == "vllm":
@@ -472,8 +444,22 @@ def _plan_episodes(args: argparse.Namespace, stored: set[int]) -> tuple[list[int
 _PINNED_NAMES = "qwen3, qwen2.5, llama3_1, llama3_2, deepseek_v3, gemma3, mistral_nemo"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, reading the installed metadata only when asked (``--help`` does not pay for it)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kwargs.get("help"))
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        from tokengym.recorder import __version__
+
+        print(f"tokengym {__version__}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokengym", description="Token-in/token-out gymnasium environments for LLM agents.")
+    p.add_argument("--version", action=_VersionAction, help="print the installed version and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser(

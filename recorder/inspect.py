@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .segments import SegmentKind
 from .store import (
@@ -103,6 +102,8 @@ class _Totals:
         self.conf: Counter[str] = Counter(dict.fromkeys(_CONF_KEYS, 0))
 
     def add(self, batch: pa.RecordBatch) -> None:
+        import pyarrow.compute as pc  # imported by a summary, not by ``tokengym --help``
+
         mask = batch.column("mask")
         self.lengths.append(pc.fill_null(pc.list_value_length(mask), 0).to_numpy(zero_copy_only=False))
         self.policy += int(pc.sum(pc.list_flatten(mask)).as_py() or 0)

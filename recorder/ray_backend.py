@@ -2,7 +2,7 @@
 
 ``rollout(..., backend="ray")`` (or ``RayBackend(...).run(...)``) runs the same episodes as
 the local driver, with the same seeds and the same per-episode logic
-(:class:`~tokengym.recorder.rollout._Slot`), on a Ray cluster::
+(:class:`~tokengym.recorder.episodes.EpisodeSlot`), on a Ray cluster::
 
     driver (this process)           env workers (actors, spread      policy engines (actors:
     episode queue, ray.wait   --->  over the nodes): env copies, --> vLLM, transformers, ...):
@@ -51,17 +51,17 @@ import gymnasium as gym
 
 from tokengym.policies import Generation, Policy, SamplingParams
 
-from .rollout import (
+from .episodes import (
     EpisodeError,
     PolicyFactory,
     RolloutResult,
     RolloutStats,
-    _progress,
-    _Slot,
+    EpisodeSlot,
     build_policy,
     env_factory,
     episode_ids,
     is_policy,
+    progress_bar,
     record_finished,
     sampling_record,
 )
@@ -142,11 +142,11 @@ class EnvWorker:
         env = self._free.get()  # the driver never sends more episodes than slots
         try:
             env.sampling = config[2]
-            return self._run(_Slot(env), episode, engine, *config[:2])
+            return self._run(EpisodeSlot(env), episode, engine, *config[:2])
         finally:
             self._free.put(env)
 
-    def _run(self, slot: _Slot, episode: int, engine: Any, base: SamplingParams, seed: int) -> dict[str, Any]:
+    def _run(self, slot: EpisodeSlot, episode: int, engine: Any, base: SamplingParams, seed: int) -> dict[str, Any]:
         import ray
 
         try:
@@ -595,7 +595,7 @@ class _Run:
             self.replacements = len(backend._alive)
         self.stats = RolloutStats(requested=len(episodes))
         self.done: list[Trajectory] = []
-        self.bar = _progress(len(episodes), progress)
+        self.bar = progress_bar(len(episodes), progress)
         self.start = time.perf_counter()
 
     def drive(self) -> RolloutResult:

@@ -132,7 +132,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .segments import Segment, SegmentKind
@@ -1454,6 +1453,8 @@ def accept_shards(directory: str | os.PathLike[str]) -> dict[str, list[str]]:
             os.close(fd)
 def _flat(batch: pa.RecordBatch, name: str) -> tuple[pa.Array, np.ndarray]:
     """A list column's flattened values and its row offsets (relative to the values)."""
+    import pyarrow.compute as pc  # ~0.1 s to import: paid by readers, not by every import of the store
+
     arr = batch.column(name)
     lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
     offsets = np.zeros(len(arr) + 1, dtype=np.int64)
@@ -1462,6 +1463,8 @@ def _flat(batch: pa.RecordBatch, name: str) -> tuple[pa.Array, np.ndarray]:
 
 
 def _decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Trajectory]:
+    import pyarrow.compute as pc
+
     ids_arr, ids_off = _flat(batch, "token_ids")
     ids_all = ids_arr.to_numpy(zero_copy_only=False)
     mask_arr, mask_off = _flat(batch, "mask")

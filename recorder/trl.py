@@ -53,7 +53,7 @@ import numpy as np
 from tokengym.policies import Policy, SamplingParams
 
 from .batches import to_trl
-from .rollout import turn_params
+from .episodes import turn_params
 from .trajectory import Trajectory
 from .wrapper import RecordEpisodes
 

@@ -26,10 +26,10 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # nodes and dri
 import pytest  # noqa: E402
 
 from tokengym.envs import CalculatorEnv, ReplayEnv  # noqa: E402
-from tokengym.policies import SamplingParams, ScriptedPolicy  # noqa: E402
+from tokengym.policies import SamplingParams, ScriptedPolicy, scripted_replies  # noqa: E402
 from tokengym.policies.base import per_request  # noqa: E402
 from tokengym.recorder import TrajectoryWriter, read_trajectories, summary_table  # noqa: E402
-from tokengym.recorder.cli import _scripted_policy_from, main  # noqa: E402
+from tokengym.recorder.cli import main  # noqa: E402
 from tokengym.recorder.rollout import rollout  # noqa: E402
 
 try:
@@ -50,7 +50,7 @@ def ray_test(fn):
 
 CALL = '<tool_call>\n{"name": "work", "arguments": {"n": 21}}\n</tool_call>'
 ANSWER = "<answer>42</answer>"
-POLICY = functools.partial(_scripted_policy_from, (CALL, ANSWER), "qwen2.5")  # built inside each engine actor
+POLICY = functools.partial(scripted_replies, (CALL, ANSWER), "qwen2.5")  # built inside each engine actor
 N = 9
 # Reset seeds (episode i resets with seed + i) whose tool call takes this long. With seed 0,
 # episode 0 and 3 are fast: when the first of them is in, every other worker still has
@@ -98,8 +98,8 @@ class PrefixCachePolicy:
         from tokengym.envs import load_tokenizer
 
         tokenizer = load_tokenizer("qwen2.5")
-        self.hit = _scripted_policy_from((CALL, "<answer>hit</answer>"), tokenizer)
-        self.miss = _scripted_policy_from(("<answer>miss</answer>",), tokenizer)
+        self.hit = scripted_replies((CALL, "<answer>hit</answer>"), tokenizer)
+        self.miss = scripted_replies(("<answer>miss</answer>",), tokenizer)
         self.seen: list[list[int]] = []
         self.call_ids = self.hit.generate([[0]], SamplingParams())[0].token_ids.tolist()  # the first turn's reply
 

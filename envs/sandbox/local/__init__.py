@@ -43,9 +43,9 @@ world-readable stay unreadable even without bubblewrap.
 """
 
 
-from .bwrap import BwrapStatus, bwrap_status, find_bwrap
+from .bwrap import BwrapStatus, find_bwrap
 from .paths import INSIDE_UID, RUNDIR_INSIDE, TMP_PREFIX, WORKDIR_INSIDE
-from .sandbox import IsolationMode, LocalSandbox
+from .sandbox import IsolationMode, LocalSandbox, bwrap_status
 from .uids import MARKER_VAR
 
 __all__ = [

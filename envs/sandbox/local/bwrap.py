@@ -1,17 +1,19 @@
-"""Bubblewrap: finding it, a probe run that shows whether it really isolates here, and its argv."""
+"""Bubblewrap: finding it, what a probe found, and its argv.
+
+The probe itself (:func:`~tokengym.envs.sandbox.local.sandbox.bwrap_status`) is a sandbox run, so it
+lives with :class:`~tokengym.envs.sandbox.local.sandbox.LocalSandbox`, which asks it.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..base import Limits, SandboxError
+from ..base import Limits
 from .paths import INSIDE_UID, RUNDIR_INSIDE, WORKDIR_INSIDE, _python_prefix, _under
-from .uids import _is_root
 
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC_FILES = (
@@ -30,7 +32,8 @@ def find_bwrap() -> str | None:
     return shutil.which("bwrap") or (shutil.which("bwrap", path="/usr/bin:/bin") if os.path.exists("/usr/bin") else None)
 
 
-def _bwrap_version(bwrap: str) -> str:
+def bwrap_version(bwrap: str) -> str:
+    """What ``bwrap --version`` says (``"bubblewrap"`` when it says nothing)."""
     try:
         out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=5, check=False)
         return out.stdout.strip() or "bubblewrap"
@@ -48,57 +51,6 @@ class BwrapStatus:
     version: str = ""
     network: bool = False
     filesystem: bool = False
-
-
-_PROBES: dict[tuple[str, bool], BwrapStatus] = {}
-_PROBE_LOCK = threading.Lock()
-
-
-def bwrap_status(bwrap: str | None = None) -> BwrapStatus:
-    """Whether bubblewrap really works here (a probe run, cached per process): isolated network,
-    host files hidden, ``/usr`` read-only. ``works`` is False with the reason when anything fails."""
-    path = bwrap or find_bwrap()
-    if path is None:
-        return BwrapStatus(False, "bubblewrap (bwrap) is not installed")
-    if not os.path.isfile(path):
-        return BwrapStatus(False, f"no bubblewrap at {path}")
-    key = (path, _is_root())
-    with _PROBE_LOCK:
-        if key not in _PROBES:
-            _PROBES[key] = _probe(path)
-        return _PROBES[key]
-
-
-def _probe(bwrap: str) -> BwrapStatus:
-    from .sandbox import LocalSandbox  # noqa: PLC0415  (the probe is a sandbox run)
-
-    version = _bwrap_version(bwrap)
-    try:
-        sb = LocalSandbox(Limits(timeout_s=20), isolation="none", _bwrap_for_probe=bwrap)
-    except SandboxError as err:
-        return BwrapStatus(False, f"probe could not start: {err}", version)
-    try:
-        secret = os.path.join(sb.root, "run", "probe-secret")
-        with open(secret, "w") as f:
-            f.write("x")
-        script = (
-            f"cat /proc/net/dev; "
-            f"if [ -e {secret} ]; then echo HOST-VISIBLE; fi; "
-            f"if touch /usr/.tokengym-probe 2>/dev/null; then echo USR-WRITABLE; fi; "
-            f"echo ok > probe.txt && echo PROBE-OK"
-        )
-        res = sb._exec_bwrap_probe(["/bin/sh", "-c", script])
-    finally:
-        sb.close()
-    if res.status != "ok" or "PROBE-OK" not in res.stdout:
-        why = (res.stderr or res.message or res.stdout).strip().splitlines()
-        return BwrapStatus(False, f"bubblewrap is installed but does not run here: {why[-1] if why else res.status}", version)
-    ifaces = [line.split(":")[0].strip() for line in res.stdout.splitlines() if ":" in line and "|" not in line]
-    network = ifaces == ["lo"] or ifaces == []
-    filesystem = "HOST-VISIBLE" not in res.stdout and "USR-WRITABLE" not in res.stdout
-    if not (network and filesystem):
-        return BwrapStatus(False, f"bubblewrap ran but did not isolate (interfaces {ifaces}, output {res.stdout[-200:]!r})", version)
-    return BwrapStatus(True, "ok", version, network, filesystem)
 
 
 def bwrap_argv(

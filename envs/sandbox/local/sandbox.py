@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ..base import ExecResult, Isolation, Limits, Sandbox, SandboxError, resolve_limits
-from .bwrap import BwrapStatus, bwrap_argv, bwrap_status, find_bwrap
+from .bwrap import BwrapStatus, bwrap_argv, bwrap_version, find_bwrap
 from .cgroups import Cgroup, cgroup_support
 from .execute import _Call, _Runner
 from .files import _WorkspaceFiles
@@ -568,3 +568,53 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
     def __repr__(self) -> str:
         state = "closed" if self._closed else self.root
         return f"<LocalSandbox {state}: {self.isolation.describe()}>"
+
+
+# --------------------------------------------------------------------- probe
+_PROBES: dict[tuple[str, bool], BwrapStatus] = {}
+_PROBE_LOCK = threading.Lock()
+
+
+def bwrap_status(bwrap: str | None = None) -> BwrapStatus:
+    """Whether bubblewrap really works here (a probe run, cached per process): isolated network,
+    host files hidden, ``/usr`` read-only. ``works`` is False with the reason when anything fails."""
+    path = bwrap or find_bwrap()
+    if path is None:
+        return BwrapStatus(False, "bubblewrap (bwrap) is not installed")
+    if not os.path.isfile(path):
+        return BwrapStatus(False, f"no bubblewrap at {path}")
+    key = (path, _is_root())
+    with _PROBE_LOCK:
+        if key not in _PROBES:
+            _PROBES[key] = _probe(path)
+        return _PROBES[key]
+
+
+def _probe(bwrap: str) -> BwrapStatus:
+    version = bwrap_version(bwrap)
+    try:
+        sb = LocalSandbox(Limits(timeout_s=20), isolation="none", _bwrap_for_probe=bwrap)
+    except SandboxError as err:
+        return BwrapStatus(False, f"probe could not start: {err}", version)
+    try:
+        secret = os.path.join(sb.root, "run", "probe-secret")
+        with open(secret, "w") as f:
+            f.write("x")
+        script = (
+            f"cat /proc/net/dev; "
+            f"if [ -e {secret} ]; then echo HOST-VISIBLE; fi; "
+            f"if touch /usr/.tokengym-probe 2>/dev/null; then echo USR-WRITABLE; fi; "
+            f"echo ok > probe.txt && echo PROBE-OK"
+        )
+        res = sb._exec_bwrap_probe(["/bin/sh", "-c", script])
+    finally:
+        sb.close()
+    if res.status != "ok" or "PROBE-OK" not in res.stdout:
+        why = (res.stderr or res.message or res.stdout).strip().splitlines()
+        return BwrapStatus(False, f"bubblewrap is installed but does not run here: {why[-1] if why else res.status}", version)
+    ifaces = [line.split(":")[0].strip() for line in res.stdout.splitlines() if ":" in line and "|" not in line]
+    network = ifaces == ["lo"] or ifaces == []
+    filesystem = "HOST-VISIBLE" not in res.stdout and "USR-WRITABLE" not in res.stdout
+    if not (network and filesystem):
+        return BwrapStatus(False, f"bubblewrap ran but did not isolate (interfaces {ifaces}, output {res.stdout[-200:]!r})", version)
+    return BwrapStatus(True, "ok", version, network, filesystem)

@@ -1,0 +1,216 @@
+"""Dependencies go one way: envs <- policies <- recorder <- integrations and the CLI.
+
+Every module's imports are read with ``ast`` (nothing is imported), including the imports
+inside functions: a lazy import is still a dependency, it only runs later. An import under
+``if TYPE_CHECKING:`` never runs, so it cannot close a cycle, but it still may not point up.
+
+Why: a cycle makes the import order decide which names exist (an import from a half-built
+module), and an upward import (an env that needs the recorder) makes the lower layer
+impossible to use, test or install alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LAYERS = ("tokengym.envs", "tokengym.policies", "tokengym.recorder", "top")
+"""Bottom to top: a module may import its own layer and the layers below it."""
+
+TOP = ("tokengym.recorder.cli", "tokengym.recorder.skyrl", "tokengym.recorder.trl")
+"""The integrations (TRL, SkyRL) and the command line: they may use everything, nothing uses them."""
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    line: int
+    type_checking: bool  # under ``if TYPE_CHECKING:``: read by type checkers only
+
+    def __str__(self) -> str:
+        return f"{self.source} -> {self.target} (line {self.line})"
+
+
+def package_dirs(root: Path) -> dict[str, Path]:
+    """The package -> folder mapping of pyproject.toml (``tokengym`` is a namespace over them)."""
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    return {pkg: root / folder for pkg, folder in config["tool"]["setuptools"]["package-dir"].items()}
+
+
+def modules(dirs: dict[str, Path]) -> dict[str, Path]:
+    """Every module of the mapped packages, by dotted name (a package by its ``__init__.py``)."""
+    out = {}
+    for pkg, folder in dirs.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join((pkg, *parts))] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, type_checking: bool = False):
+    """(node, under TYPE_CHECKING) for every import statement, at any depth."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, type_checking
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                yield from _imports(ast.Module(body=[child], type_ignores=[]), True)
+            for child in node.orelse:
+                yield from _imports(ast.Module(body=[child], type_ignores=[]), type_checking)
+        else:
+            yield from _imports(node, type_checking)
+
+
+def import_edges(mods: dict[str, Path]) -> list[Edge]:
+    """The imports between the given modules, each resolved to the most specific module it names."""
+    edges = []
+    for name, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        for node, tc in _imports(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                if node.level:
+                    base = name.split(".")
+                    base = base[: len(base) - node.level + (1 if is_pkg else 0)]
+                    module = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    module = node.module or ""
+                # ``from pkg import sub`` imports the module pkg.sub when there is one.
+                subs = [f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in mods]
+                targets = subs if subs and len(subs) == len(node.names) else [module, *subs]
+            for target in targets:
+                while target and target not in mods:  # ``import a.b.c`` where only a.b is ours
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges.append(Edge(name, target, node.lineno, tc))
+    return edges
+
+
+def layer(module: str) -> int:
+    if any(module == t or module.startswith(t + ".") for t in TOP):
+        return LAYERS.index("top")
+    for i, pkg in enumerate(LAYERS[:-1]):
+        if module == pkg or module.startswith(pkg + "."):
+            return i
+    raise ValueError(f"{module} is in no layer: add its package to LAYERS")
+
+
+def upward(edges: list[Edge]) -> list[Edge]:
+    return [e for e in edges if layer(e.target) > layer(e.source)]
+
+
+def cycles(edges: list[Edge]) -> list[list[str]]:
+    """The import cycles (strongly connected components of more than one module, or a self-loop)."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        if not e.type_checking:
+            graph.setdefault(e.source, set()).add(e.target)
+            graph.setdefault(e.target, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def explain(cycle: list[str], edges: list[Edge]) -> str:
+    members = set(cycle)
+    inner = [str(e) for e in edges if e.source in members and e.target in members and not e.type_checking]
+    return " / ".join(cycle) + ":\n    " + "\n    ".join(inner)
+
+
+@pytest.fixture(scope="module")
+def project_edges() -> list[Edge]:
+    return import_edges(modules(package_dirs(ROOT)))
+
+
+def test_every_module_is_read(project_edges):
+    mods = modules(package_dirs(ROOT))
+    assert {"tokengym.envs", "tokengym.recorder.store", "tokengym.recorder.cli", "tokengym.policies.hf"} <= set(mods)
+    assert len(mods) > 40
+    # The reader sees lazy imports inside functions (the CLI imports its commands' needs there).
+    assert any(e.source == "tokengym.recorder.cli" and e.target == "tokengym.policies" for e in project_edges)
+    for m in mods:
+        layer(m)
+
+
+def test_no_import_cycle_between_modules(project_edges):
+    found = cycles(project_edges)
+    assert not found, "import cycles:\n" + "\n".join(explain(c, project_edges) for c in found)
+
+
+def test_no_upward_import_between_layers(project_edges):
+    bad = upward(project_edges)
+    assert not bad, (
+        f"upward imports ({' <- '.join(LAYERS)}; the top is {', '.join(TOP)}):\n" + "\n".join(map(str, bad))
+    )
+
+
+def test_the_checks_find_a_cycle_and_an_upward_import(tmp_path):
+    # A tree with both faults, read the same way: the checks above can fail.
+    for folder, files in {
+        "envs": {
+            "__init__.py": "from .a import A\n",
+            "a.py": "def f():\n    from tokengym.recorder.w import W\n\nA = 1\n",
+            "b.py": "from . import c\n",
+            "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\nimport tokengym.envs.b\n",
+        },
+        "policies": {"__init__.py": "from tokengym.envs import b\n"},
+        "recorder": {"__init__.py": "", "w.py": "from tokengym.policies import X\nW = 1\n"},
+    }.items():
+        (tmp_path / folder).mkdir()
+        for name, text in files.items():
+            (tmp_path / folder / name).write_text(text)
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.setuptools]\npackage-dir = { "tokengym.envs" = "envs", "tokengym.recorder" = "recorder", '
+        '"tokengym.policies" = "policies" }\n'
+    )
+    edges = import_edges(modules(package_dirs(tmp_path)))
+    assert [str(e) for e in upward(edges)] == ["tokengym.envs.a -> tokengym.recorder.w (line 2)"]
+    # b -> c -> b is a cycle; c -> b under TYPE_CHECKING alone would not be one.
+    assert cycles(edges) == [["tokengym.envs.b", "tokengym.envs.c"]]
+    assert cycles([e for e in edges if e.line != 4]) == []
+    assert "tokengym.policies -> tokengym.envs.b (line 1)" in map(str, edges)  # ``from pkg import module``

@@ -201,7 +201,7 @@ RANDOM = [f for f in FAMILIES if not unusable(f)]
 
 
 @pytest.mark.parametrize("fam", RANDOM, ids=[f.name for f in RANDOM])
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_random_tool_conversations_keep_the_law(fam, data):
     messages = data.draw(tool_conversations(fam))

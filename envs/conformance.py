@@ -14,6 +14,14 @@ the system prompt or tools moved to the last user message (Mistral), whitespace 
 added around a control token (templates that ``| trim`` content). A template that raises
 while rendering the whole conversation is a reported mismatch carrying the template's own
 message in ``warn`` mode, so the check never breaks ``step``.
+
+Rendering the whole conversation costs time in proportion to its length, so checking every
+turn makes an episode's checking cost quadratic in its turns. The ``"doubling"`` schedule
+checks turns 0, 1, 3, 7, 15, ... and always the episode's last turn: the checks then cost
+about two renders of the final conversation in all, and every turn is still covered, since
+the stream only grows and a later check compares everything before it too (a difference is
+reported with the turn it happened in: ``affected_turns``, ``segment``, ``position``). A turn
+between checks gets ``status="deferred"`` with its own cheap notes, never a copied ``"ok"``.
 """
 
 from __future__ import annotations
@@ -31,13 +39,19 @@ __all__ = [
     "Conformance",
     "ConformanceError",
     "ConformanceMode",
+    "ConformanceSchedule",
     "CAUSES",
     "KnownBehaviour",
     "Piece",
     "check_conformance",
+    "deferred_conformance",
+    "is_scheduled",
+    "next_scheduled",
 ]
 
 ConformanceMode = Literal["strict", "warn", "off"]
+ConformanceSchedule = Literal["doubling", "every_turn"]
+SCHEDULES: tuple[str, ...] = ("doubling", "every_turn")
 PieceKind = Literal["prompt", "action", "observation"]
 
 
@@ -88,11 +102,13 @@ class Conformance:
     """Result of one turn's check.
 
     ``status`` is ``"ok"`` (identical), ``"known"`` (differs only by the listed known
-    behaviours), ``"mismatch"`` (differs otherwise: see ``detail``) or ``"off"``.
+    behaviours), ``"mismatch"`` (differs otherwise: see ``detail``), ``"deferred"`` (not
+    compared on this turn: a later check covers it, at the latest the one on the episode's
+    last turn; ``notes`` are still this turn's) or ``"off"``.
     """
 
     turn: int
-    status: Literal["ok", "known", "mismatch", "off"]
+    status: Literal["ok", "known", "mismatch", "deferred", "off"]
     behaviours: tuple[str, ...] = ()
     detail: str = ""
     position: int | None = None
@@ -106,8 +122,14 @@ class Conformance:
 
     @property
     def ok(self) -> bool:
-        """True unless the stream differs from the template in an unexplained way."""
+        """True unless the stream differs from the template in an unexplained way (a deferred or
+        unchecked turn has shown no difference; :attr:`checked` says whether it was compared)."""
         return self.status != "mismatch"
+
+    @property
+    def checked(self) -> bool:
+        """Whether this turn compared the stream with the template (``ok``, ``known`` or ``mismatch``)."""
+        return self.status in ("ok", "known", "mismatch")
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready form, as stored in trajectory metadata."""
@@ -413,6 +435,39 @@ def check_conformance(
         actual_ids=tuple(piece.ids[in_piece : in_piece + 16]),
         affected_turns=(piece.turn,),
         notes=notes,
+    )
+
+
+def is_scheduled(turn: int, schedule: ConformanceSchedule) -> bool:
+    """Whether ``turn`` gets the whole-conversation check under ``schedule`` (the episode's last
+    turn always does, whatever this says). ``"doubling"``: turns 0, 1, 3, 7, 15, ..., so that the
+    checks of an episode of N turns render about 2N turns' worth of conversation in all."""
+    if schedule == "every_turn":
+        return True
+    if schedule == "doubling":
+        return turn >= 0 and (turn + 1) & turn == 0
+    raise ValueError(f"conformance_schedule must be one of {SCHEDULES}, got {schedule!r}")
+
+
+def next_scheduled(turn: int, schedule: ConformanceSchedule) -> int:
+    """The first turn after ``turn`` that ``schedule`` checks."""
+    if schedule == "doubling":
+        return (1 << (turn + 1).bit_length()) - 1
+    return turn + 1
+
+
+def deferred_conformance(renderer: ChatRenderer, pieces: Sequence[Piece], *, turn: int, next_check: int) -> Conformance:
+    """The result of a turn the schedule does not check: its own notes (cheap, this turn's pieces
+    only) and ``status="deferred"``. The check on ``next_check``, or on the episode's last turn if
+    that comes first, compares the stream up to here with the template and names the turn of any
+    difference."""
+    return Conformance(
+        turn=turn,
+        status="deferred",
+        detail=f"turn {turn}: not compared with the template on this turn; the check on turn {next_check} or on "
+        "the episode's last turn, whichever comes first, covers it (conformance_schedule='every_turn' checks "
+        "each turn)",
+        notes=_notes(renderer, pieces, turn),
     )
 
 

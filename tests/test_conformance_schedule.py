@@ -71,7 +71,8 @@ def test_doubling_checks_turns_0_1_3_7_and_the_last(qwen25):
 def test_schedule_defaults_per_mode_and_is_validated(qwen25):
     assert Echo(qwen25, rounds=2).conformance_schedule == "doubling"
     assert Echo(qwen25, rounds=2, conformance="strict").conformance_schedule == "every_turn"
-    assert Echo(qwen25, rounds=2, conformance="strict", conformance_schedule="doubling").conformance_schedule == "doubling"
+    lazy = Echo(qwen25, rounds=2, conformance="strict", conformance_schedule="doubling")
+    assert lazy.conformance_schedule == "doubling"
     with pytest.raises(ValueError, match="conformance_schedule must be one of .*'doubling', 'every_turn'.*'sometimes'"):
         Echo(qwen25, rounds=2, conformance_schedule="sometimes")
     assert [t for t in range(40) if is_scheduled(t, "doubling")] == [0, 1, 3, 7, 15, 31]

@@ -471,6 +471,18 @@ def deferred_conformance(renderer: ChatRenderer, pieces: Sequence[Piece], *, tur
     )
 
 
+def _added_text_as_text(renderer: ChatRenderer, piece: Piece) -> bool:
+    """Whether some text of an added token in ``piece`` was tokenized as text: it holds more such
+    texts than added-token ids (the template's own control tokens are one id each). Counted, not
+    re-encoded: re-encoding each observation was most of the per-turn cost of ``warn``."""
+    pattern = renderer._added_re  # the renderer's own alternation of every added token's text
+    if pattern is None:
+        return False
+    texts = sum(1 for _ in pattern.finditer(piece.text))
+    added = renderer.added_ids
+    return texts > 0 and sum(1 for i in piece.ids if i in added) < texts
+
+
 def _notes(renderer: ChatRenderer, pieces: Sequence[Piece], turn: int) -> tuple[str, ...]:
     """Facts worth knowing that are not template differences (about this turn's pieces)."""
     out = []
@@ -482,7 +494,7 @@ def _notes(renderer: ChatRenderer, pieces: Sequence[Piece], turn: int) -> tuple[
                 "non_canonical_action: re-tokenizing the action's text gives other tokens "
                 "(a messages-in loop would train on tokens the policy never produced)"
             )
-        elif p.kind != "action" and renderer.has_special_text(p.text) and renderer.encode(p.text) != list(p.ids):
+        elif p.kind != "action" and _added_text_as_text(renderer, p):
             out.append(
                 f"env_text_as_text: the {p.kind} holds text of added tokens in messages from the environment, "
                 "tokenized as text (a plain render would make it control tokens the environment could forge)"

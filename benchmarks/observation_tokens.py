@@ -1,4 +1,5 @@
-"""Per-turn cost of producing observation token ids in multi-turn tool episodes.
+"""Per-turn cost of producing observation token ids in multi-turn tool episodes, and of the
+whole ``env.step()`` a user calls.
 
 Why this benchmark exists
 -------------------------
@@ -7,20 +8,25 @@ whole conversation with ``tokenizer.apply_chat_template`` after every assistant 
 keeps the suffix it did not have yet. That costs time proportional to the conversation
 length, so an episode of N turns costs O(N^2). tokengym's :meth:`ChatRenderer.observation`
 renders only the new messages inside a small fixed conversation, so its per-turn cost
-should be *flat in the number of turns*. The goal is for it to be at least 50x faster
-than re-rendering at 128 turns, while producing exactly the same token ids.
+should be *flat in the number of turns*. What a user gets is ``env.step()``, which also
+checks the stream against the template's render of the whole conversation: by default on
+turns 0, 1, 3, 7, ... and the last (``conformance_schedule="doubling"``), so that its cost
+per step stays flat too. Goals at 128 turns: ``step(default)`` last-quarter / first-quarter
+<= 1.2, and ``step(default)`` at least 40x faster than messages-in (mean per turn).
 
 What is measured (side by side, on the same synthetic transcripts, in one run)
 -----------------------------------------------------------------------------
 * ``observation``: ``ChatRenderer.observation(new_tool_messages, tools, assistant_tool_calls=...)``.
+* ``step(default)``: the whole ``ReplayEnv.step`` (``ChatEnv.step``) with default settings
+  (``conformance="warn"``, doubling schedule), fed the transcript's reference actions.
+* ``step(off)``: the same with ``conformance="off"`` (no check).
+* ``step(every_turn)``: the same with ``conformance_schedule="every_turn"``, the check on
+  every turn (what ``"warn"`` did before the schedule; O(N) per step).
 * ``messages-in``: ``tok.apply_chat_template(all_messages_so_far, tools=..., tokenize=True,
   return_dict=False, add_generation_prompt=True)``, then the ids after the assistant's
   end-of-turn token (the first ``<|im_end|>`` after the previous render's length). Note: a
   loop that cuts at ``len(previous) + len(completion_ids)`` instead would be off by the
   empty ``<think></think>`` block Qwen3 adds to a last assistant turn and drops from history.
-* ``step(warn)`` / ``step(off)``: the whole ``ReplayEnv.step`` (``ChatEnv.step``) fed the
-  transcript's reference actions, with ``conformance="warn"`` (re-renders the conversation
-  as text each turn to check it) and ``conformance="off"``. Only ``step()`` is timed.
 
 Each synthetic transcript has a system prompt, 2 tools, one user message, then N assistant
 turns (short reasoning-free content and 1-2 tool calls with realistic JSON arguments, each
@@ -29,10 +35,15 @@ turn, the tokengym observation ids are checked to equal the messages-in suffix i
 ``step`` observations to equal both); a mismatch prints the turn and exits with status 1.
 
 Timing: every method runs each episode ``--repeats`` times (interleaved, one untimed warm-up
-call first, garbage collector off during timed loops as in ``timeit``); a turn's time is its median over repeats.
-Reported per N: mean and median microseconds per turn, the mean over the first and the
-last quarter of turns (flat cost => ratio near 1), tokens per observation, and the ratio
-of the messages-in mean to each method's mean.
+call first, garbage collector off during timed loops as in ``timeit``); a turn's time is its
+median over repeats. The per-turn columns cover the N tool turns, which every method has.
+The ``step`` methods also time the final step (the final answer, which ends the episode and
+always runs the whole-conversation check unless conformance is off): it is reported on its
+own (``final step``) and in the episode total. Reported per N: mean and median microseconds
+per turn, the mean over the first and the last quarter of turns (flat cost => ratio near 1),
+the final step, the episode total (N turns, plus the final step for ``step``), tokens per
+observation, and the ratio of the messages-in cost to each method's (mean per turn, last
+quarter, episode).
 
 Run (from the repository root)::
 
@@ -55,7 +66,12 @@ from typing import Any
 
 from tokengym.envs import ChatRenderer, ReplayEnv, load_tokenizer
 
-METHODS = ("observation", "messages-in", "step(warn)", "step(off)")
+STEP_SETTINGS: dict[str, dict[str, Any]] = {
+    "step(default)": {},
+    "step(off)": {"conformance": "off"},
+    "step(every_turn)": {"conformance_schedule": "every_turn"},
+}
+METHODS = ("observation", *STEP_SETTINGS, "messages-in")
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -177,7 +193,7 @@ def split_turns(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
     return messages[:first], turns
 
 
-# ------------------------------------------------------------------ the four methods
+# ------------------------------------------------------------------ the methods
 def run_observation(renderer: ChatRenderer, tools, turns) -> tuple[list[int], list[list[int]]]:
     times, obs = [], []
     clock = time.perf_counter_ns
@@ -209,7 +225,8 @@ def run_messages_in(tok, im_end: int, prompt, tools, turns) -> tuple[list[int], 
     return times, obs
 
 
-def run_step(env: ReplayEnv, actions, n: int) -> tuple[list[int], list[list[int]], list[str]]:
+def run_step(env: ReplayEnv, actions, n: int) -> tuple[list[int], int, list[list[int]], list[str]]:
+    """(time of each of the n tool turns, time of the final step, observations, conformance statuses)."""
     times, obs, status = [], [], []
     clock = time.perf_counter_ns
     env.reset(seed=0)
@@ -221,8 +238,13 @@ def run_step(env: ReplayEnv, actions, n: int) -> tuple[list[int], list[list[int]
         status.append(info["conformance"].status)
         if terminated or truncated:
             raise RuntimeError(f"ReplayEnv ended early at turn {k}: {info.get('stop_reason')}")
-    env.step(actions[n])  # the final answer ends the episode (not timed)
-    return times, obs, status
+    t0 = clock()
+    _, _, terminated, truncated, info = env.step(actions[n])  # the final answer ends the episode
+    final = clock() - t0
+    status.append(info["conformance"].status)
+    if not (terminated or truncated):
+        raise RuntimeError(f"ReplayEnv did not end after the final answer (turn {n})")
+    return times, final, obs, status
 
 
 def warm_up(method: str, renderer: ChatRenderer, tok, prompt, tools, turns) -> None:
@@ -267,14 +289,15 @@ def bench(n: int, repeats: int, renderer: ChatRenderer, tok) -> dict[str, Any]:
     assert len(turns) == n
     tools = transcript["tools"]
     im_end = renderer.turn_end_ids[-1]
-    envs = {mode: ReplayEnv(renderer, transcript, conformance=mode, max_context_tokens=1 << 24)
-            for mode in ("warn", "off")}
-    envs["off"].reset(seed=0)
-    actions = [envs["off"].reference_action(k) for k in range(n + 1)]
+    envs = {method: ReplayEnv(renderer, transcript, max_context_tokens=1 << 24, **settings)
+            for method, settings in STEP_SETTINGS.items()}
+    envs["step(off)"].reset(seed=0)
+    actions = [envs["step(off)"].reference_action(k) for k in range(n + 1)]
 
     per_turn: dict[str, list[list[int]]] = {m: [] for m in METHODS}
+    finals: dict[str, list[int]] = {m: [] for m in STEP_SETTINGS}
     outputs: dict[str, list[list[int]]] = {}
-    statuses: list[str] = []
+    statuses: dict[str, list[str]] = {}
     for r in range(repeats):
         for method in METHODS:
             gc.collect()
@@ -286,10 +309,10 @@ def bench(n: int, repeats: int, renderer: ChatRenderer, tok) -> dict[str, Any]:
                 elif method == "messages-in":
                     times, obs = run_messages_in(tok, im_end, prompt, tools, turns)
                 else:
-                    mode = "warn" if method == "step(warn)" else "off"
-                    times, obs, status = run_step(envs[mode], actions, n)
-                    if mode == "warn" and r == 0:
-                        statuses = status
+                    times, final, obs, status = run_step(envs[method], actions, n)
+                    finals[method].append(final)
+                    if r == 0:
+                        statuses[method] = status
             finally:
                 gc.enable()
             per_turn[method].append(times)
@@ -298,7 +321,7 @@ def bench(n: int, repeats: int, renderer: ChatRenderer, tok) -> dict[str, Any]:
 
     # Correctness: tokengym == messages-in suffix for every turn; step() observations too.
     ref = outputs["messages-in"]
-    for method in ("observation", "step(warn)", "step(off)"):
+    for method in METHODS:
         for k, (a, b) in enumerate(zip(outputs[method], ref, strict=True)):
             if a != b:
                 at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -306,39 +329,63 @@ def bench(n: int, repeats: int, renderer: ChatRenderer, tok) -> dict[str, Any]:
                      f"({len(a)} vs {len(b)} tokens)\n"
                      f"  {method}: {renderer.decode(a)!r}\n  messages-in: {renderer.decode(b)!r}")
     verify_prefix_stable(tok, prompt, turns)
-    bad = [s for s in statuses if s == "mismatch"]
-    if bad:
-        fail(f"N={n}: conformance='warn' reported {len(bad)} mismatching turns")
+    for method, status in statuses.items():
+        bad = [k for k, s in enumerate(status) if s == "mismatch"]
+        if bad:
+            fail(f"N={n}: {method} reported a conformance mismatch on turns {bad}")
+    if statuses["step(default)"][-1] == "deferred" or statuses["step(every_turn)"].count("deferred"):
+        fail(f"N={n}: a turn that must be checked was deferred: {statuses}")
 
     tokens = [len(o) for o in ref]
     result: dict[str, Any] = {
         "turns": n,
         "tokens_per_observation": statistics.fmean(tokens),
         "episode_tokens": len(renderer.prompt(prompt, tools).ids) + sum(len(a) for a in actions[:n]) + sum(tokens),
-        "conformance_statuses": {s: statuses.count(s) for s in sorted(set(statuses))},
+        "conformance_statuses": {m: {s: st.count(s) for s in sorted(set(st))} for m, st in statuses.items()},
         "methods": {},
     }
     for method in METHODS:
         median_per_turn = [int(statistics.median(col)) for col in zip(*per_turn[method], strict=True)]
-        result["methods"][method] = summarize(median_per_turn)
-        result["methods"][method]["per_turn_us"] = [t / 1000 for t in median_per_turn]
+        s = summarize(median_per_turn)
+        s["final_step_us"] = statistics.median(finals[method]) / 1000 if method in finals else None
+        s["episode_ms"] = (sum(median_per_turn) / 1000 + (s["final_step_us"] or 0.0)) / 1000
+        s["per_turn_us"] = [t / 1000 for t in median_per_turn]
+        result["methods"][method] = s
     base = result["methods"]["messages-in"]
     for method, s in result["methods"].items():
         s["baseline_over_this"] = base["mean_us"] / s["mean_us"]
         s["baseline_over_this_last_quarter"] = base["last_quarter_us"] / s["last_quarter_us"]
+        s["baseline_over_this_episode"] = base["episode_ms"] / s["episode_ms"]
     return result
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    print("| turns | method | mean µs/turn | median µs/turn | first ¼ µs | last ¼ µs | last/first "
-          "| tokens/obs | messages-in ÷ method (mean) | (last ¼) |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| turns | method | mean µs/turn | median µs/turn | first ¼ µs | last ¼ µs | last/first | final step µs "
+          "| episode ms | tokens/obs | messages-in ÷ method (mean) | (last ¼) | (episode) |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for res in results:
         for method, s in res["methods"].items():
+            final = "-" if s["final_step_us"] is None else f"{s['final_step_us']:,.0f}"
             print(f"| {res['turns']} | {method} | {s['mean_us']:,.0f} | {s['median_us']:,.0f} "
                   f"| {s['first_quarter_us']:,.0f} | {s['last_quarter_us']:,.0f} | {s['last_over_first']:.2f} "
-                  f"| {res['tokens_per_observation']:.0f} | {s['baseline_over_this']:.1f}x "
-                  f"| {s['baseline_over_this_last_quarter']:.1f}x |")
+                  f"| {final} | {s['episode_ms']:,.1f} | {res['tokens_per_observation']:.0f} "
+                  f"| {s['baseline_over_this']:.1f}x | {s['baseline_over_this_last_quarter']:.1f}x "
+                  f"| {s['baseline_over_this_episode']:.1f}x |")
+
+
+def print_goals(results: list[dict[str, Any]]) -> None:
+    """The goals for the default ``step()``, met or not, at the largest turn count run."""
+    res = max(results, key=lambda r: r["turns"])
+    s = res["methods"]["step(default)"]
+    flat, speed = s["last_over_first"], s["baseline_over_this"]
+    print(f"\nGoals at {res['turns']} turns, step(default):")
+    print(f"  last ¼ / first ¼ per step = {flat:.2f} (goal <= 1.2): {'met' if flat <= 1.2 else 'NOT met'}")
+    print(f"  messages-in ÷ step(default), mean per turn = {speed:.1f}x (goal >= 40x): "
+          f"{'met' if speed >= 40 else 'NOT met'}; last ¼ {s['baseline_over_this_last_quarter']:.1f}x, "
+          f"episode incl. the final step {s['baseline_over_this_episode']:.1f}x")
+    off = res["methods"]["step(off)"]
+    print(f"  for reference: step(off) {off['mean_us']:,.0f} µs/turn ({off['baseline_over_this']:.1f}x), "
+          f"step(every_turn) last/first {res['methods']['step(every_turn)']['last_over_first']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,12 +406,13 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.turns:
         res = bench(n, args.repeats, renderer, tok)
         results.append(res)
-        print(f"N={n}: ids verified equal on all {n} turns; conformance(warn) statuses "
+        print(f"N={n}: ids verified equal on all {n} turns; conformance statuses (incl. the final step) "
               f"{res['conformance_statuses']}; episode {res['episode_tokens']:,} tokens", flush=True)
     elapsed = time.perf_counter() - started
     print(f"\nObservation token ids per turn, {args.tokenizer} chat template, "
           f"repeats={args.repeats}, Python {platform.python_version()}, {elapsed:.0f} s total\n")
     print_table(results)
+    print_goals(results)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"tokenizer": args.tokenizer, "repeats": args.repeats, "elapsed_s": elapsed,

@@ -19,7 +19,18 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.error import ResetNeeded
 
-from .conformance import Conformance, ConformanceError, ConformanceMode, Piece, check_conformance
+from .conformance import (
+    SCHEDULES,
+    Conformance,
+    ConformanceError,
+    ConformanceMode,
+    ConformanceSchedule,
+    Piece,
+    check_conformance,
+    deferred_conformance,
+    is_scheduled,
+    next_scheduled,
+)
 from .render import ChatRenderer, Message
 
 __all__ = ["AssistantTurn", "ChatEnv", "EnvResponse", "Prompt", "token_space"]
@@ -93,8 +104,14 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             that did not close its turn ends the episode (truncated, ``"action_length"``).
         stop_strings: strings that end an assistant turn without its end-of-turn token; the
             end-of-turn tokens then open the next observation (mask 0).
-        conformance: ``"warn"`` checks every turn against the template and reports in
+        conformance: ``"warn"`` checks the stream against the template and reports in
             ``info``; ``"strict"`` raises :class:`ConformanceError`; ``"off"`` skips the check.
+        conformance_schedule: which turns render the whole conversation to check it.
+            ``"doubling"`` (the default with ``"warn"``): turns 0, 1, 3, 7, 15, ... and always the
+            episode's last turn, so an episode's checks cost O(turns) instead of O(turns²); the
+            turns between report ``status="deferred"`` and a later check names the turn of any
+            difference. ``"every_turn"`` (the default with ``"strict"``): each turn, so a
+            difference is reported, or raised, on the turn it happens.
         require_tools_in_prompt: refuse a template that does not show the tools in the prompt
             (:class:`~tokengym.envs.render.TemplateError` naming the fix); ``False`` when your
             own messages describe them.
@@ -113,11 +130,19 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         max_action_tokens: int | None = None,
         stop_strings: Sequence[str] = (),
         conformance: ConformanceMode = "warn",
+        conformance_schedule: ConformanceSchedule | None = None,
         render_mode: str | None = None,
         require_tools_in_prompt: bool = True,
     ) -> None:
         if conformance not in ("strict", "warn", "off"):
             raise ValueError(f"conformance must be 'strict', 'warn' or 'off', got {conformance!r}")
+        if conformance_schedule is None:
+            conformance_schedule = "every_turn" if conformance == "strict" else "doubling"
+        if conformance_schedule not in SCHEDULES:
+            raise ValueError(
+                f"conformance_schedule must be one of {SCHEDULES} (or None for the mode's default), "
+                f"got {conformance_schedule!r}"
+            )
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -137,6 +162,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self.max_action_tokens = max_action_tokens
         self.stop_strings = tuple(stop_strings)
         self.conformance_mode: ConformanceMode = conformance
+        self.conformance_schedule: ConformanceSchedule = conformance_schedule
         self.render_mode = render_mode
         self.observation_space = token_space(self.renderer.vocab_size)
         self.action_space = token_space(self.renderer.vocab_size)
@@ -354,6 +380,11 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
     def _check(self, turn: int, *, final: bool) -> Conformance:
         if self.conformance_mode == "off":
             result = Conformance(turn=turn, status="off")
+        elif not final and not is_scheduled(turn, self.conformance_schedule):
+            assert self._pieces is not None
+            result = deferred_conformance(
+                self.renderer, self._pieces, turn=turn, next_check=next_scheduled(turn, self.conformance_schedule)
+            )
         else:
             assert self._pieces is not None
             result = check_conformance(

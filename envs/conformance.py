@@ -14,6 +14,14 @@ the system prompt or tools moved to the last user message (Mistral), whitespace 
 added around a control token (templates that ``| trim`` content). A template that raises
 while rendering the whole conversation is a reported mismatch carrying the template's own
 message in ``warn`` mode, so the check never breaks ``step``.
+
+Rendering the whole conversation costs time in proportion to its length, so checking every
+turn makes an episode's checking cost quadratic in its turns. The ``"doubling"`` schedule
+checks turns 0, 1, 3, 7, 15, ... and always the episode's last turn: the checks then cost
+about two renders of the final conversation in all, and every turn is still covered, since
+the stream only grows and a later check compares everything before it too (a difference is
+reported with the turn it happened in: ``affected_turns``, ``segment``, ``position``). A turn
+between checks gets ``status="deferred"`` with its own cheap notes, never a copied ``"ok"``.
 """
 
 from __future__ import annotations
@@ -31,13 +39,19 @@ __all__ = [
     "Conformance",
     "ConformanceError",
     "ConformanceMode",
+    "ConformanceSchedule",
     "CAUSES",
     "KnownBehaviour",
     "Piece",
     "check_conformance",
+    "deferred_conformance",
+    "is_scheduled",
+    "next_scheduled",
 ]
 
 ConformanceMode = Literal["strict", "warn", "off"]
+ConformanceSchedule = Literal["doubling", "every_turn"]
+SCHEDULES: tuple[str, ...] = ("doubling", "every_turn")
 PieceKind = Literal["prompt", "action", "observation"]
 
 
@@ -88,11 +102,13 @@ class Conformance:
     """Result of one turn's check.
 
     ``status`` is ``"ok"`` (identical), ``"known"`` (differs only by the listed known
-    behaviours), ``"mismatch"`` (differs otherwise: see ``detail``) or ``"off"``.
+    behaviours), ``"mismatch"`` (differs otherwise: see ``detail``), ``"deferred"`` (not
+    compared on this turn: a later check covers it, at the latest the one on the episode's
+    last turn; ``notes`` are still this turn's) or ``"off"``.
     """
 
     turn: int
-    status: Literal["ok", "known", "mismatch", "off"]
+    status: Literal["ok", "known", "mismatch", "deferred", "off"]
     behaviours: tuple[str, ...] = ()
     detail: str = ""
     position: int | None = None
@@ -106,8 +122,14 @@ class Conformance:
 
     @property
     def ok(self) -> bool:
-        """True unless the stream differs from the template in an unexplained way."""
+        """True unless the stream differs from the template in an unexplained way (a deferred or
+        unchecked turn has shown no difference; :attr:`checked` says whether it was compared)."""
         return self.status != "mismatch"
+
+    @property
+    def checked(self) -> bool:
+        """Whether this turn compared the stream with the template (``ok``, ``known`` or ``mismatch``)."""
+        return self.status in ("ok", "known", "mismatch")
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready form, as stored in trajectory metadata."""
@@ -416,6 +438,51 @@ def check_conformance(
     )
 
 
+def is_scheduled(turn: int, schedule: ConformanceSchedule) -> bool:
+    """Whether ``turn`` gets the whole-conversation check under ``schedule`` (the episode's last
+    turn always does, whatever this says). ``"doubling"``: turns 0, 1, 3, 7, 15, ..., so that the
+    checks of an episode of N turns render about 2N turns' worth of conversation in all."""
+    if schedule == "every_turn":
+        return True
+    if schedule == "doubling":
+        return turn >= 0 and (turn + 1) & turn == 0
+    raise ValueError(f"conformance_schedule must be one of {SCHEDULES}, got {schedule!r}")
+
+
+def next_scheduled(turn: int, schedule: ConformanceSchedule) -> int:
+    """The first turn after ``turn`` that ``schedule`` checks."""
+    if schedule == "doubling":
+        return (1 << (turn + 1).bit_length()) - 1
+    return turn + 1
+
+
+def deferred_conformance(renderer: ChatRenderer, pieces: Sequence[Piece], *, turn: int, next_check: int) -> Conformance:
+    """The result of a turn the schedule does not check: its own notes (cheap, this turn's pieces
+    only) and ``status="deferred"``. The check on ``next_check``, or on the episode's last turn if
+    that comes first, compares the stream up to here with the template and names the turn of any
+    difference."""
+    return Conformance(
+        turn=turn,
+        status="deferred",
+        detail=f"turn {turn}: not compared with the template on this turn; the check on turn {next_check} or on "
+        "the episode's last turn, whichever comes first, covers it (conformance_schedule='every_turn' checks "
+        "each turn)",
+        notes=_notes(renderer, pieces, turn),
+    )
+
+
+def _added_text_as_text(renderer: ChatRenderer, piece: Piece) -> bool:
+    """Whether some text of an added token in ``piece`` was tokenized as text: it holds more such
+    texts than added-token ids (the template's own control tokens are one id each). Counted, not
+    re-encoded: re-encoding each observation was most of the per-turn cost of ``warn``."""
+    pattern = renderer._added_re  # the renderer's own alternation of every added token's text
+    if pattern is None:
+        return False
+    texts = sum(1 for _ in pattern.finditer(piece.text))
+    added = renderer.added_ids
+    return texts > 0 and sum(1 for i in piece.ids if i in added) < texts
+
+
 def _notes(renderer: ChatRenderer, pieces: Sequence[Piece], turn: int) -> tuple[str, ...]:
     """Facts worth knowing that are not template differences (about this turn's pieces)."""
     out = []
@@ -427,7 +494,7 @@ def _notes(renderer: ChatRenderer, pieces: Sequence[Piece], turn: int) -> tuple[
                 "non_canonical_action: re-tokenizing the action's text gives other tokens "
                 "(a messages-in loop would train on tokens the policy never produced)"
             )
-        elif p.kind != "action" and renderer.has_special_text(p.text) and renderer.encode(p.text) != list(p.ids):
+        elif p.kind != "action" and _added_text_as_text(renderer, p):
             out.append(
                 f"env_text_as_text: the {p.kind} holds text of added tokens in messages from the environment, "
                 "tokenized as text (a plain render would make it control tokens the environment could forge)"

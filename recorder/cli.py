@@ -78,13 +78,14 @@ def cmd_check_template(args: argparse.Namespace) -> int:
             chat_template=template,
             template_kwargs=_template_kwargs(args.template_kwarg),
             conformance="warn",
+            conformance_schedule="every_turn",  # a row per turn: each one compared with the template
             max_context_tokens=args.max_context_tokens,
         )
     )
     env.reset(seed=0)
     traj, rows = replay_transcript(env)
     paint = _color(sys.stdout.isatty())
-    colors = {"ok": "32", "known": "33", "mismatch": "31"}
+    colors = {"ok": "32", "known": "33", "mismatch": "31", "deferred": "90"}
     table = []
     for r in rows:
         c = r["conformance"]
@@ -92,9 +93,11 @@ def cmd_check_template(args: argparse.Namespace) -> int:
         table.append([r["turn"], r["action"], r["observation"], paint(c.status, colors.get(c.status, "0")), detail])
     print(_table(table, ["turn", "action tokens", "observation tokens", "status", "known behaviour / difference"]))
     summary = traj.conformance_summary if traj is not None else {}
+    deferred = summary.get("deferred", 0)
     print(
         f"\n{len(traj) if traj is not None else 0} tokens, {len(rows)} turns: {summary.get('ok', 0)} ok, "
         f"{summary.get('known', 0)} known template behaviour, {summary.get('mismatch', 0)} mismatch"
+        + (f", {deferred} deferred (not compared on their own turn)" if deferred else "")
     )
     if summary.get("mismatch", 0):
         print("mismatch: the stream differs from the template in a way tokengym cannot name (see the table)")
@@ -240,6 +243,11 @@ def _demo_replay(args: argparse.Namespace) -> int:
         for r in rows
     ]
     print(_table(table, ["turn", "action tokens", "observation tokens", "conformance", "known behaviour"]))
+    if any(r["conformance"].status == "deferred" for r in rows):
+        print(
+            "deferred: not compared with the template on that turn; a later check covers it (turns 0, 1, 3, 7, ... "
+            "and the last; conformance_schedule='every_turn' checks each turn)"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "replay.jsonl"

@@ -78,7 +78,7 @@ _SUMMARY_COLUMNS = [
     "stop_reason",
     "conformance_summary",
 ]
-_CONF_KEYS = ("turns_checked", "ok", "known", "mismatch", "episodes_with_mismatch")
+_CONF_KEYS = ("turns_checked", "ok", "known", "mismatch", "deferred", "episodes_with_mismatch")
 
 
 def strip_ansi(text: str) -> str:
@@ -118,7 +118,7 @@ class _Totals:
                 c = json.loads(raw) if raw else {}
             except json.JSONDecodeError as err:
                 raise ValueError(f"unreadable conformance_summary ({err})") from err
-            for key in _CONF_KEYS[:4]:
+            for key in _CONF_KEYS[:5]:
                 self.conf[key] += int(c.get(key, 0))
             self.conf["episodes_with_mismatch"] += bool(c.get("mismatch", 0))
             self.behaviours.update(set(c.get("behaviours", ())))
@@ -164,8 +164,10 @@ def summarize_store(path: str | os.PathLike[str]) -> dict[str, Any]:
         turns               {total, mean, min, max}
         stop_reasons        {reason: episodes}          most common first; a missing reason is "none"
         env_ids             {env id: episodes}          likewise
-        conformance         {turns_checked, ok, known, mismatch, episodes_with_mismatch,
-                             behaviours: {name: episodes showing it}}
+        conformance         {turns_checked, ok, known, mismatch, deferred, episodes_with_mismatch,
+                             behaviours: {name: episodes showing it}}; turns_checked counts
+                             ok + known + mismatch, deferred the turns a schedule left to a
+                             later check
 
     Raises:
         FileNotFoundError: ``path`` is not a directory.
@@ -239,7 +241,12 @@ def format_summary(s: dict[str, Any]) -> str:
         (
             "conformance",
             f"{c['turns_checked']} turns checked: {c['ok']} ok · {c['known']} known template behaviour · "
-            f"{c['mismatch']} mismatch ({c['episodes_with_mismatch']} episodes)",
+            f"{c['mismatch']} mismatch ({c['episodes_with_mismatch']} episodes)"
+            + (
+                f" · {c['deferred']} deferred (covered by a later check, at the latest the episode's last turn)"
+                if c.get("deferred")
+                else ""
+            ),
         ),
     ]
     if c["behaviours"]:

@@ -50,7 +50,11 @@ terminated           bool                        gymnasium ``terminated``
 truncated            bool                        gymnasium ``truncated``
 sampling             string, nullable            JSON object: sampling settings of the actions
 conformance          string                      JSON list: per-turn chat-template check results
-conformance_summary  string                      JSON object: counts of the above, mismatches
+                                                 (status ``ok``, ``known``, ``mismatch``, ``off``, or
+                                                 ``deferred``: not compared on its turn, a later
+                                                 check covers it)
+conformance_summary  string                      JSON object: counts of the above (turns_checked,
+                                                 ok, known, mismatch, deferred), mismatches
 metadata             string                      JSON object: free-form (task, run ids, ...)
 tokenizer_name       string                      display name (a folder's base name, no path)
 tokenizer_hash       string                      :func:`tokenizer_fingerprint` (sha256, hex)

@@ -20,13 +20,19 @@ __all__ = ["Trajectory", "summarize_conformance"]
 
 
 def summarize_conformance(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Counts per status, the known behaviours seen, and every mismatch's detail."""
+    """Counts per status, the known behaviours seen, and every mismatch's detail.
+
+    ``turns_checked`` counts the turns compared with the template (``ok``, ``known`` and
+    ``mismatch``); ``deferred`` counts the turns a schedule left to a later check (the check on
+    the episode's last turn covers them), so a deferred turn is never counted as ``ok``.
+    """
     statuses = Counter(r.get("status", "off") for r in results)
     return {
-        "turns_checked": sum(n for s, n in statuses.items() if s != "off"),
+        "turns_checked": sum(statuses.get(s, 0) for s in ("ok", "known", "mismatch")),
         "ok": statuses.get("ok", 0),
         "known": statuses.get("known", 0),
         "mismatch": statuses.get("mismatch", 0),
+        "deferred": statuses.get("deferred", 0),
         "behaviours": sorted({b for r in results for b in r.get("behaviours", ())}),
         "mismatches": [r["detail"] for r in results if r.get("status") == "mismatch"],
     }
@@ -147,7 +153,7 @@ class Trajectory:
 
     @property
     def conformance_summary(self) -> dict[str, Any]:
-        """Per-episode conformance counts (ok / known / mismatch) from the steps' ``info``."""
+        """Per-episode conformance counts (ok / known / mismatch / deferred) from the steps' ``info``."""
         return summarize_conformance(self.conformance)
 
     def to_dict(self) -> dict[str, Any]:

@@ -22,6 +22,8 @@ def test_check_template_passes_on_both_real_templates(tokenizer_name, capsys):
     code = main(["check-template", tokenizer_name, "--conversation", str(EXAMPLE)])
     out = capsys.readouterr().out
     assert out.count("\n") >= 8 and "0 mismatch" in out
+    # A row per turn, each compared with the template (no turn left to a later check).
+    assert "5 turns:" in out and "deferred" not in out
     if tokenizer_name == "qwen3":
         assert code == 1
         assert "reasoning_dropped" in out and "known template behaviour" in out
@@ -136,6 +138,8 @@ def test_demo_and_envs_as_a_user_runs_them(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "605 tokens" in proc.stdout and "5 turns" in proc.stdout
+    # The default schedule leaves turn 2 to a later check, and the table says what that means.
+    assert "deferred: not compared with the template on that turn" in proc.stdout
     rows = [json.loads(line) for line in (out / "replay.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and len(rows[0]["token_ids"]) == len(rows[0]["mask"]) == 605
     envs = subprocess.run([sys.executable, "-m", "tokengym.recorder.cli", "envs"], capture_output=True, text=True)

@@ -43,7 +43,7 @@ def replay(fam: Family, messages: list[dict[str, Any]], tools: list[dict[str, An
             template_kwargs=dict(fam.template_kwargs),
             # DeepSeek V3's own template never shows the tools (the model is told in its own words).
             require_tools_in_prompt=fam.name != "deepseek_v3",
-            **kwargs,
+            **{"conformance_schedule": "every_turn", **kwargs},  # the laws read each turn's status
         )
     )
     env.reset(seed=0)

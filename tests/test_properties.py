@@ -441,7 +441,9 @@ EXAMPLE = example_transcript()
 
 
 def replay_reference(r: ChatRenderer, transcript: dict[str, Any], string_arguments: Sequence[bool]) -> Episode:
-    env = RecordEpisodes(ReplayEnv(r, as_env_transcript(transcript, string_arguments)))
+    # Every turn is compared with the template (the checks below read each turn's status).
+    replay = ReplayEnv(r, as_env_transcript(transcript, string_arguments), conformance_schedule="every_turn")
+    env = RecordEpisodes(replay)
     return drive(env, lambda k: env.unwrapped.reference_action())
 
 
@@ -618,7 +620,7 @@ def replay_random(
 ) -> Episode:
     assert min(r.special_ids) == FIRST_ADDED_ID
     assert set(r.tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS)) == r.special_ids
-    env = RecordEpisodes(ReplayEnv(r, transcript))
+    env = RecordEpisodes(ReplayEnv(r, transcript, conformance_schedule="every_turn"))  # statuses read per turn
     rng = np.random.default_rng(lp_seed)
 
     def logprobs(k: int, n: int) -> np.ndarray | None:

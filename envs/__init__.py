@@ -11,7 +11,7 @@ from typing import Any
 
 from .builtin import CalculatorEnv, KeyValueEnv, PythonSandboxEnv, ShellEnv
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt, token_space
-from .conformance import Conformance, ConformanceError, KnownBehaviour
+from .conformance import Conformance, ConformanceError, ConformanceSchedule, KnownBehaviour
 from .parsers import (
     PARSERS,
     DeepSeekParser,
@@ -71,6 +71,7 @@ __all__ = [
     "ChatRenderer",
     "Conformance",
     "ConformanceError",
+    "ConformanceSchedule",
     "DeclaredEnv",
     "DeepSeekParser",
     "EnvRef",

@@ -475,10 +475,7 @@ def _added_text_as_text(renderer: ChatRenderer, piece: Piece) -> bool:
     """Whether some text of an added token in ``piece`` was tokenized as text: it holds more such
     texts than added-token ids (the template's own control tokens are one id each). Counted, not
     re-encoded: re-encoding each observation was most of the per-turn cost of ``warn``."""
-    pattern = renderer._added_re  # the renderer's own alternation of every added token's text
-    if pattern is None:
-        return False
-    texts = sum(1 for _ in pattern.finditer(piece.text))
+    texts = renderer.count_added_texts(piece.text)
     added = renderer.added_ids
     return texts > 0 and sum(1 for i in piece.ids if i in added) < texts
 

@@ -335,6 +335,10 @@ class ChatRenderer:
         """Decode ids exactly: special tokens kept, no clean-up of spaces."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
+    def count_added_texts(self, text: str) -> int:
+        """How many times the text of an added token (special or not) occurs in ``text``."""
+        return sum(1 for _ in self._added_re.finditer(text)) if self._added_re is not None else 0
+
     def has_special_text(self, text: str) -> bool:
         """True when ``text`` contains the text of an added token, special or not (environment
         text is then tokenized as plain text, never as that token)."""

@@ -314,8 +314,9 @@ def _account(stats: RolloutStats, traj: Trajectory) -> None:
     stats.reward_sum += traj.reward
     stats.stop_reasons[traj.stop_reason or "?"] += 1
     summary = traj.conformance_summary
-    for status in ("ok", "known", "mismatch"):
-        stats.conformance[status] += summary[status]
+    for status in ("ok", "known", "mismatch", "deferred"):
+        if summary.get(status):
+            stats.conformance[status] += summary[status]
 
 
 def progress_bar(total: int, enabled: bool) -> Any:

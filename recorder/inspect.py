@@ -457,7 +457,7 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("path", help="the store directory (written by TrajectoryWriter or tokengym rollout)")
-    p.add_argument("--episode", type=int, default=0, metavar="N", help="which episode to show (default 0; -1 = last)")
+    p.add_argument("--episode", type=int, default=0, metavar="N", help="which episode to show (-1 = last)")
     p.add_argument(
         "--tokenizer",
         help="for decoding: local folder, pinned name or hub name (default: the store's tokenizer when pinned)",

@@ -286,3 +286,30 @@ def test_sigterm_stops_the_cli_cleanly_and_the_same_command_continues(tmp_path, 
     assert main([*CALC, "--episodes", str(finished + 2), "--concurrency", "2", "--out", str(out)]) == 0
     assert "resuming" in capsys.readouterr().out
     assert stored_episodes(out) == list(range(finished + 2))
+
+
+def test_every_option_of_every_command_has_help_and_shows_its_default(capsys):
+    """``--help`` documents every option, with its default where it has one."""
+    from tokengym.recorder.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction)]
+    for name, command in sub.choices.items():
+        assert command.description or sub._choices_actions, name
+        for action in command._actions:
+            if action.dest == "help":
+                continue
+            assert action.help, f"tokengym {name} {'/'.join(action.option_strings) or action.dest} has no help"
+        text = "".join(command.format_help().split())  # wrapped lines may split a value at a hyphen
+        for action in command._actions:
+            if action.option_strings and action.default not in (None, [], False, __import__("argparse").SUPPRESS):
+                assert f"(default:{action.default})" in text, (name, action.dest)
+        assert "(default:None)" not in text and "(default:[])" not in text
+    assert {a.dest for a in sub._choices_actions} == set(sub.choices)  # every command has a one-line help
+
+
+def test_envs_lists_whole_first_sentences(capsys):
+    assert main(["envs"]) == 0
+    out = capsys.readouterr().out
+    replay = next(line for line in out.splitlines() if line.startswith("tokengym/Replay-v0"))
+    assert replay.rstrip().endswith(".") and "first assistant message; each step" in replay

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from tokengym.envs.sandbox import (
     make_sandbox,
     sandbox_tools,
 )
+from tokengym.envs.sandbox.local import TMP_PREFIX
 from tokengym.envs.tools import ToolCall
 from tokengym.recorder import RecordEpisodes
 
@@ -567,6 +569,8 @@ def test_the_sandbox_docs_run():
 
 
 # ------------------------------------------------------- between episodes
+# Where the local sandboxes' folders are on the host (the spy looks there for a sibling's files).
+SANDBOXES = os.path.join(tempfile.gettempdir(), TMP_PREFIX + "*")
 SPY = """
 import glob, os, time
 # the patterns are put together here, so that they are in no file or argv of the spy's own
@@ -583,7 +587,7 @@ while time.time() < end:
                     continue
                 if any(p in data for p in patterns):
                     leaks.add("LEAK-PROC-" + what)
-    for d in glob.glob("/tmp/tokengym-sandbox-*"):
+    for d in glob.glob({sandboxes!r}):
         names = [f"run/snippets/snippet_{{i}}.py" for i in range(6)] + ["work/answer.txt"]
         for path in [os.path.join(d, n) for n in names] + glob.glob(d + "/work/.grade-*/solution.py"):
             try:
@@ -627,7 +631,7 @@ def spy_on_a_concurrent_episode(qwen25, kwargs: dict) -> None:
     box: dict = {}
     spying = threading.Thread(
         target=lambda: box.setdefault(
-            "info", spy.step(templated("", call("run_python", code=SPY.format(seconds=6, hexed=token[5:].encode().hex())))(spy))[4]
+            "info", spy.step(templated("", call("run_python", code=SPY.format(seconds=6, hexed=token[5:].encode().hex(), sandboxes=SANDBOXES)))(spy))[4]
         )
     )
     spying.start()

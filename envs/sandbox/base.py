@@ -11,8 +11,9 @@ cannot keep.
 from __future__ import annotations
 
 import abc
+import posixpath
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import TracebackType
 from typing import Literal
@@ -103,6 +104,29 @@ def check_path_length(parts: list[str], path: str) -> list[str]:
     if sum(len(p.encode("utf-8", "surrogateescape")) + 1 for p in parts) > 4000:
         raise SandboxError(f"path {path[:80]!r}... is longer than 4000 bytes")
     return parts
+
+
+def workspace_parts(path: str, workspaces: Iterable[str]) -> list[str]:
+    """The names of ``path`` relative to the workspace (given relative, or under one of the
+    ``workspaces`` spellings of its root), or a :class:`SandboxError`: outside the workspace,
+    the workspace itself, a bad or overlong path (the same rules, and messages, on every backend)."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise SandboxError(f"bad path {path!r}")
+    p = path
+    for prefix in workspaces:
+        root = prefix.rstrip("/")
+        if p == prefix or p == root:
+            p = "."
+        elif p.startswith(root + "/"):
+            p = p[len(root) + 1 :]
+    if p.startswith("/"):
+        raise SandboxError(f"path {path!r} is outside the workspace; use a path relative to it")
+    norm = posixpath.normpath(p)
+    if norm == ".." or norm.startswith("../"):
+        raise SandboxError(f"path {path!r} is outside the workspace")
+    if norm == ".":
+        raise SandboxError(f"path {path!r} names the workspace itself, not a file")
+    return check_path_length(norm.split("/"), path)
 
 
 def signal_message(sig: int, limits: Limits) -> str:

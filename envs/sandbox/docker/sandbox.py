@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import posixpath
 import threading
 import time
 import weakref
@@ -17,11 +16,11 @@ from ..base import (
     Sandbox,
     SandboxError,
     Status,
-    check_path_length,
     disk_full_message,
     oom_message,
     resolve_limits,
     signal_message,
+    workspace_parts,
 )
 from .framing import _READ, _WIPE, _WRITE, _exec, _ExecFailed, _Raw
 from .spec import WORKSPACE, _Container, _remove, _Spec
@@ -294,21 +293,7 @@ class DockerSandbox(Sandbox):
 
     @staticmethod
     def _parts(path: str) -> list[str]:
-        if not isinstance(path, str) or not path or "\x00" in path:
-            raise SandboxError(f"bad path {path!r}")
-        p = path
-        if p == WORKSPACE:
-            p = "."
-        elif p.startswith(WORKSPACE + "/"):
-            p = p[len(WORKSPACE) + 1 :]
-        if p.startswith("/"):
-            raise SandboxError(f"path {path!r} is outside the workspace; use a path relative to it")
-        norm = posixpath.normpath(p)
-        if norm == ".." or norm.startswith("../"):
-            raise SandboxError(f"path {path!r} is outside the workspace")
-        if norm == ".":
-            raise SandboxError(f"path {path!r} names the workspace itself, not a file")
-        return check_path_length(norm.split("/"), path)
+        return workspace_parts(path, (WORKSPACE,))
 
     def _file_error(self, verb: str, path: str, result: ExecResult) -> SandboxError:
         why = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.message

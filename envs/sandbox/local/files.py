@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import errno
 import os
-import posixpath
 import stat
 from collections.abc import Sequence
 from typing import Any
 
-from ..base import SandboxError, check_path_length
+from ..base import SandboxError, workspace_parts
 from .paths import WORKDIR_INSIDE
 
 class _WorkspaceFiles:
@@ -23,22 +22,7 @@ class _WorkspaceFiles:
     _check_open: Any  # LocalSandbox's
 
     def _parts(self, path: str) -> list[str]:
-        if not isinstance(path, str) or not path or "\0" in path:
-            raise SandboxError(f"bad path {path!r}")
-        p = path
-        for prefix in {self.workdir, WORKDIR_INSIDE}:
-            if p == prefix:
-                p = "."
-            elif p.startswith(prefix.rstrip("/") + "/"):
-                p = p[len(prefix.rstrip("/")) + 1 :]
-        if p.startswith("/"):
-            raise SandboxError(f"path {path!r} is outside the workspace; use a path relative to it")
-        norm = posixpath.normpath(p)
-        if norm == ".." or norm.startswith("../"):
-            raise SandboxError(f"path {path!r} is outside the workspace")
-        if norm == ".":
-            raise SandboxError(f"path {path!r} names the workspace itself, not a file")
-        return check_path_length(norm.split("/"), path)
+        return workspace_parts(path, (self.workdir, WORKDIR_INSIDE))
 
     def _open_dir(self, parts: Sequence[str], *, create: bool) -> int:
         """An fd of the directory ``parts`` under the workspace, never following a symlink."""

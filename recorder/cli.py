@@ -323,6 +323,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise ValueError(f"--policy {args.policy} needs --model")
     if args.backend == "local" and (args.address or args.engines is not None or args.workers is not None):
         raise ValueError("--address, --engines and --workers are for --backend ray")
+    if args.backend == "ray" and args.schedule == "lockstep":
+        raise ValueError("--schedule lockstep is for --backend local: Ray runs every episode at its own pace")
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     engine_kwargs = _template_kwargs(args.engine_kwarg)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
@@ -365,7 +367,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             result = rollout(
                 make_env, policy, episodes=ids, concurrency=args.concurrency, sampling=sampling,
                 seed=args.seed, on_episode=writer.write, progress=not args.quiet,
-                backend=backend,
+                backend=backend, schedule=args.schedule,
             )
     except stopped as err:
         print(summary_table(err.result.stats))  # type: ignore[attr-defined]
@@ -554,6 +556,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--episodes", type=int, default=8, help="episodes in the run (episode i resets with seed + i)")
     r.add_argument("--concurrency", type=int, default=4, help="episodes in flight at once")
+    r.add_argument(
+        "--schedule", choices=["async", "lockstep"], default="async",
+        help="async: each episode at its own pace; lockstep: rounds of one batch for all live episodes (local backend)",
+    )
     r.add_argument("--seed", type=int, default=0, help="seed of the first episode (env reset and sampling)")
     r.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold")

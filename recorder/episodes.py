@@ -28,6 +28,7 @@ from .wrapper import RecordEpisodes
 __all__ = [
     "EpisodeError",
     "EpisodeSlot",
+    "EpisodeTask",
     "PolicyFactory",
     "RolloutResult",
     "RolloutStats",
@@ -35,6 +36,7 @@ __all__ = [
     "env_factory",
     "episode_ids",
     "is_policy",
+    "Progress",
     "progress_bar",
     "record_finished",
     "sampling_record",
@@ -188,26 +190,75 @@ class RolloutResult:
     interrupted: bool = False
 
 
+@dataclass(frozen=True)
+class EpisodeTask:
+    """What one episode plays: how its env resets and where its sampling seeds come from.
+
+    ``episode`` names it in the run (``trajectory.metadata["episode"]``, error records);
+    turn ``k`` samples with seed ``SeedSequence([*seed_key, k])``, so an episode's samples do
+    not depend on what else runs beside it. ``completion_budget`` caps everything after the
+    reset's observation (actions and observations, as TRL's ``max_completion_length``): the
+    env ends the episode truncated (``"context_length"``) rather than exceed it.
+    """
+
+    episode: int
+    reset_seed: int | None
+    seed_key: tuple[int, ...]
+    options: dict[str, Any] | None = None
+    completion_budget: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Merged into the trajectory's metadata when the episode finishes."""
+
+    @classmethod
+    def of(cls, episode: int, seed: int, base: SamplingParams | None = None) -> EpisodeTask:
+        """Episode ``episode`` of a :func:`~tokengym.recorder.rollout` run: it resets with ``seed + episode``;
+        its turns sample with seeds from ``(seed, episode, turn)`` (``base.seed`` in place of ``seed`` when set)."""
+        turns = seed if base is None or base.seed is None else base.seed
+        return cls(episode, seed + episode, (turns, episode))
+
+
 @dataclass
 class EpisodeSlot:
-    """One env copy and the episode it runs: the per-episode logic every backend shares."""
+    """One env copy and the episode it runs: the per-episode logic every driver shares.
+
+    The turn loop itself is :func:`tokengym.recorder.runner.play`; this holds its state
+    (``begin``, ``params``, ``step``, ``advance``), so the lock-step driver can step many slots
+    in one round with the same logic.
+    """
 
     env: RecordEpisodes
     episode: int = -1
     stream: list[int] = field(default_factory=list)
     turn: int = 0
     remaining: int = 0
+    task: EpisodeTask | None = None
+    _limit: Any = None
 
-    def begin(self, episode: int, seed: int) -> None:
-        """Reset for ``episode`` (with seed ``seed + episode``); raises what the env raises."""
-        self.episode = episode
-        obs, info = self.env.reset(seed=seed + episode)
+    def __post_init__(self) -> None:
+        self._limit = getattr(self.env.unwrapped, "max_context_tokens", None)
+
+    def begin(self, task: EpisodeTask) -> None:
+        """Reset for ``task``; raises what the env raises."""
+        self.task, self.episode = task, task.episode
+        core = self.env.unwrapped
+        if self._limit is not None:
+            core.max_context_tokens = self._limit  # undo the previous episode's budget
+        obs, info = self.env.reset(seed=task.reset_seed, options=task.options)
         self.stream, self.turn = [int(i) for i in obs], 0
         self.remaining = int(info.get("remaining_context", 1 << 30))
+        if task.completion_budget is not None:
+            if self._limit is None:
+                raise ValueError(
+                    f"a completion budget needs an env with max_context_tokens; {type(core).__name__} has none"
+                )
+            core.max_context_tokens = min(self._limit, len(obs) + task.completion_budget)
+            self.remaining = min(self.remaining, task.completion_budget)
 
-    def params(self, base: SamplingParams, seed: int) -> SamplingParams:
+    def params(self, base: SamplingParams) -> SamplingParams:
         """The sampling settings of this slot's next turn."""
-        return _params(base, self, seed)
+        assert self.task is not None, "begin() first"
+        seed = int(np.random.SeedSequence([*self.task.seed_key, self.turn]).generate_state(1, dtype=np.uint32)[0])
+        return turn_params(base, self.env.unwrapped, self.remaining, seed)
 
     def step(self, gen: Generation) -> Any:
         """``env.step`` with the generation; an exception is returned, not raised."""
@@ -226,10 +277,19 @@ class EpisodeSlot:
             return None
         traj = info["trajectory"]
         traj.metadata["episode"] = self.episode
+        if self.task is not None:
+            traj.metadata.update(self.task.metadata)
+        self.release()
         return traj
+
+    def release(self) -> None:
+        """Give the env back its own context limit (after a budgeted episode)."""
+        if self._limit is not None:
+            self.env.unwrapped.max_context_tokens = self._limit
 
     def failure(self, err: BaseException) -> EpisodeError:
         """The record of ``err``, raised during this slot's current turn."""
+        self.release()
         return EpisodeError.of(err, self.episode, self.turn)
 
 
@@ -265,11 +325,6 @@ def build_policy(policy: Policy | PolicyFactory) -> Policy:
     raise TypeError(f"expected a Policy or a zero-argument factory of one, got {type(policy).__name__}")
 
 
-def _params(base: SamplingParams, slot: EpisodeSlot, seed: int) -> SamplingParams:
-    seed = seed if base.seed is None else base.seed
-    return turn_params(base, slot.env.unwrapped, slot.remaining, turn_seed(seed, slot.episode, slot.turn))
-
-
 def turn_params(base: SamplingParams, env: Any, remaining: int, seed: int) -> SamplingParams:
     """One turn's sampling settings: ``base`` with the env's stop tokens and strings added, the
     token budget cut to the context left, and the turn's own seed."""
@@ -287,7 +342,6 @@ def record_finished(
     done: list[Trajectory],
     on_episode: Callable[[Trajectory], None] | None,
     bar: Any,
-    start: float,
 ) -> None:
     """Hand a finished trajectory to ``on_episode``, count it, keep it, and move the progress bar.
 
@@ -300,10 +354,7 @@ def record_finished(
         _account(stats, traj)
         done.append(traj)
     bar.update(1)
-    bar.set_postfix(
-        tok_s=f"{stats.policy_tokens / max(time.perf_counter() - start, 1e-9):.0f}",
-        reward=f"{stats.mean_reward:.3f}",
-    )
+    bar.finished(stats)
 
 
 def _account(stats: RolloutStats, traj: Trajectory) -> None:
@@ -319,7 +370,49 @@ def _account(stats: RolloutStats, traj: Trajectory) -> None:
             stats.conformance[status] += summary[status]
 
 
-def progress_bar(total: int, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
+class Progress:
+    """The run's progress bar: one step per finished (or failed) episode, live policy tokens/s.
 
-    return tqdm(total=total, desc="episodes", unit="ep", disable=not enabled, dynamic_ncols=True)
+    Tokens count as they are generated (:meth:`tokens`), so the rate moves while episodes are
+    still running; the bar is redrawn at most twice a second for them.
+    """
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, desc="episodes", unit="ep", disable=not enabled, dynamic_ncols=True)
+        self.start = time.perf_counter()
+        self.generated = 0
+        self.reward: str | None = None
+        self._shown = 0.0
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+
+    def tokens(self, n: int) -> None:
+        """``n`` more policy tokens were generated."""
+        self.generated += n
+        now = time.perf_counter()
+        if now - self._shown >= 0.5:
+            self._show(now)
+
+    def finished(self, stats: RolloutStats) -> None:
+        """An episode was recorded: show the mean reward so far."""
+        self.reward = f"{stats.mean_reward:.3f}"
+        self.generated = max(self.generated, stats.policy_tokens)  # drivers that do not count live
+        self._show(time.perf_counter())
+
+    def _show(self, now: float) -> None:
+        self._shown = now
+        fields = {"tok_s": f"{self.generated / max(now - self.start, 1e-9):.0f}"}
+        if self.reward is not None:
+            fields["reward"] = self.reward
+        self.bar.set_postfix(fields)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def progress_bar(total: int, enabled: bool) -> Progress:
+    """The progress bar of a run of ``total`` episodes (silent unless ``enabled``)."""
+    return Progress(total, enabled)

@@ -36,20 +36,19 @@ Ray is imported only when this backend runs: ``pip install "tokengym[ray]"``.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import queue
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 
 from tokengym.policies import Generation, Policy, SamplingParams
+from tokengym.policies.batching import RequestBatcher
 
 from .episodes import (
     EpisodeError,
@@ -57,6 +56,7 @@ from .episodes import (
     RolloutResult,
     RolloutStats,
     EpisodeSlot,
+    EpisodeTask,
     build_policy,
     env_factory,
     episode_ids,
@@ -65,6 +65,7 @@ from .episodes import (
     record_finished,
     sampling_record,
 )
+from .runner import EngineLost, play
 from .stopping import stop_on_signals
 from .trajectory import Trajectory
 from .wrapper import RecordEpisodes
@@ -137,35 +138,25 @@ class EnvWorker:
     def run_episode(self, episode: int, engine: Any, config: tuple[SamplingParams, int, dict[str, Any]]) -> dict[str, Any]:
         """One whole episode against ``engine``: ``{"episode", "trajectory"}`` or ``{"episode", "error"}``.
 
-        ``config`` is the run's ``(base sampling, seed, sampling record)``.
+        ``config`` is the run's ``(base sampling, seed, sampling record)``. The turn loop is the
+        local driver's (:func:`tokengym.recorder.runner.play`), on this thread's own event loop.
         """
+        import asyncio
+
+        base, seed, record = config
         env = self._free.get()  # the driver never sends more episodes than slots
         try:
-            env.sampling = config[2]
-            return self._run(EpisodeSlot(env), episode, engine, *config[:2])
+            env.sampling = record
+            generate = _engine_generate(engine)
+            try:
+                outcome = asyncio.run(play(EpisodeSlot(env), EpisodeTask.of(episode, seed, base), base, generate))
+            except EngineLost as err:
+                return {"episode": episode, "engine_died": str(err)}
+            if isinstance(outcome, EpisodeError):
+                return {"episode": episode, "error": outcome}
+            return {"episode": episode, "trajectory": outcome}
         finally:
             self._free.put(env)
-
-    def _run(self, slot: EpisodeSlot, episode: int, engine: Any, base: SamplingParams, seed: int) -> dict[str, Any]:
-        import ray
-
-        try:
-            slot.begin(episode, seed)
-        except Exception as err:  # a broken task must not stop the run
-            return {"episode": episode, "error": EpisodeError.of(err, episode, None, "reset failed: ")}
-        while True:
-            try:
-                gen: Generation = ray.get(engine.generate.remote(slot.stream, slot.params(base, seed)))
-            except ray.exceptions.RayTaskError as err:  # the policy refused this request
-                return {"episode": episode, "error": slot.failure(_cause(err))}
-            except ray.exceptions.RayError as err:  # the engine actor is gone (Ray retries while it restarts)
-                return {"episode": episode, "engine_died": _short(err)}
-            result = slot.step(gen)
-            if isinstance(result, Exception):
-                return {"episode": episode, "error": slot.failure(result)}
-            traj = slot.advance(gen, result)
-            if traj is not None:
-                return {"episode": episode, "trajectory": traj}
 
     def close(self) -> None:
         """Close every env (and so its tools' and sandboxes' resources)."""
@@ -173,27 +164,32 @@ class EnvWorker:
             env.close()
 
 
+def _engine_generate(engine: Any) -> Any:
+    """The runner's ``generate`` over a policy engine actor: a refusal fails the request, a dead actor is :class:`EngineLost`."""
+    import ray
+
+    async def generate(context: list[int], params: SamplingParams) -> Generation:
+        try:
+            return ray.get(engine.generate.remote(context, params))  # this thread's loop runs only this episode
+        except ray.exceptions.RayTaskError as err:  # the policy refused this request
+            raise _cause(err) from None
+        except ray.exceptions.RayError as err:  # the engine actor is gone (Ray retries while it restarts)
+            raise EngineLost(_short(err)) from None
+
+    return generate
+
+
 class PolicyEngine:
     """One policy in an actor; requests that arrive while it is busy are batched together.
 
     Made an async Ray actor by :class:`RayBackend`. The policy is built, and always called,
-    on one thread of its own (engines such as vLLM's offline ``LLM`` keep per-thread state).
+    on one thread of its own (:class:`~tokengym.policies.batching.RequestBatcher`, as the local
+    driver does).
     """
 
     def __init__(self, policy: Policy | PolicyFactory, batch_wait_s: float = 0.0) -> None:
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="tokengym-engine")
-        self.policy = self._executor.submit(build_policy, policy).result()
-        self.batch_wait_s = batch_wait_s
-        self._native = getattr(self.policy, "agenerate", None)
-        self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
-        self._drainer: asyncio.Future | None = None
-        self._active = 0
-        self._since = 0.0
-        self.busy_s = 0.0
-        self.requests = 0
-        self.batches = 0
-        self.max_batch = 0
-        self.peak = 0  # most requests in the engine at once
+        self._batcher = RequestBatcher(lambda: build_policy(policy), batch_wait_s=batch_wait_s)
+        self.policy = self._batcher.policy
 
     def describe(self) -> dict[str, Any]:
         """The engine's policy name, logprob kind and process id (a new pid means Ray restarted it)."""
@@ -208,69 +204,19 @@ class PolicyEngine:
 
     def stats(self) -> dict[str, Any]:
         """Busy time and process id, for the run's report."""
-        busy = self.busy_s + (time.perf_counter() - self._since if self._active else 0.0)
+        b = self._batcher
         return {
-            "busy_s": busy, "requests": self.requests, "batches": self.batches, "max_batch": self.max_batch,
-            "peak": self.peak, "pid": os.getpid(),
+            "busy_s": b.busy_now(), "requests": b.requests, "batches": b.batches, "max_batch": b.max_batch,
+            "peak": b.peak, "pid": os.getpid(),
         }
 
     def close(self) -> None:
         """Close the policy (an engine's processes, its memory) before the actor ends."""
-        close = getattr(self.policy, "close", None)
-        if close is not None:
-            self._executor.submit(close).result()
+        self._batcher.close(close_policy=True)
 
     async def generate(self, context: list[int], params: SamplingParams) -> Generation:
         """One request; requests that arrive while the policy is busy are batched into one ``generate`` call."""
-        self.requests += 1
-        if self._active == 0:
-            self._since = time.perf_counter()
-        self._active += 1
-        self.peak = max(self.peak, self._active)
-        try:
-            if self._native is not None:
-                return (await self._native([context], [params]))[0]
-            future = asyncio.get_running_loop().create_future()
-            self._pending.append((context, params, future))
-            if self._drainer is None or self._drainer.done():
-                self._drainer = asyncio.ensure_future(self._drain())
-            return await future
-        finally:
-            self._active -= 1
-            if self._active == 0:
-                self.busy_s += time.perf_counter() - self._since
-
-    async def _call(self, contexts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.policy.generate, contexts, params)
-
-    async def _drain(self) -> None:
-        """Serve what is pending as one batch, again and again while requests keep coming."""
-        while self._pending:
-            if self.batch_wait_s:
-                await asyncio.sleep(self.batch_wait_s)
-            batch, self._pending = self._pending, []
-            self.batches += 1
-            self.max_batch = max(self.max_batch, len(batch))
-            results: list[Any]
-            try:
-                results = await self._call([c for c, _, _ in batch], [p for _, p, _ in batch])
-            except Exception as err:
-                results = [err] if len(batch) == 1 else [await self._one(c, p) for c, p, _ in batch]
-            for (_, _, future), result in zip(batch, results):
-                if future.done():  # cancelled
-                    continue
-                if isinstance(result, BaseException):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
-
-    async def _one(self, context: list[int], params: SamplingParams) -> Any:
-        """A failed batch again, request by request: a bad request fails alone."""
-        try:
-            return (await self._call([context], [params]))[0]
-        except Exception as err:
-            return err
+        return await self._batcher.generate(context, params)
 
 
 # --------------------------------------------------------------------- driver
@@ -668,7 +614,7 @@ class _Run:
             return
         if "trajectory" in out:
             stats.per_node[self.b._nodes[worker]] += 1
-            record_finished(stats, out["trajectory"], self.done, self.on_episode, self.bar, self.start)
+            record_finished(stats, out["trajectory"], self.done, self.on_episode, self.bar)
         elif "engine_died" in out:
             raise _Abort(
                 f"policy engine {engine} died and was not restarted (engine_restarts={self.b.engine_restarts}): "

@@ -1,17 +1,19 @@
 """The rollout driver: many episodes at once through one policy, each recorded.
 
-All live episodes' generation requests go to the policy together, as one batch per
-round; environments then step in a thread pool, so slow tools of one episode do not
-serialize the others. Finished episodes are recorded and replaced until the requested
+By default every episode runs at its own pace (:func:`tokengym.recorder.runner.drive`): it
+submits its next turn as soon as its env step is done, and the policy batches whatever is in
+flight, so a long generation or a slow tool holds up only its own episode. ``schedule="lockstep"``
+keeps the older rounds (every live episode generates in one batch, then every env steps) for
+comparison. Finished episodes are recorded as they finish and replaced until the requested
 number is done. Seeds make a run reproducible with a deterministic policy: episode ``i``
 resets with ``seed + i`` and each of its turns samples with a seed derived from
-``(seed, i, turn)``, whatever else shares its batch.
+``(seed, i, turn)``, whatever else shares its batch and however the episodes interleave.
 
-The episode logic lives in :class:`~tokengym.recorder.episodes.EpisodeSlot` (``begin``,
-``params``, ``advance``) and is shared by the backends: this module's local driver steps all
-live slots in lock-step rounds; the Ray backend (:mod:`tokengym.recorder.ray_backend`,
-``backend="ray"``) runs each slot's episode in an env worker actor against a policy engine
-actor, so episodes on many machines give the same trajectories, token for token, as here.
+One episode's logic is :class:`~tokengym.recorder.episodes.EpisodeSlot` and its turn loop
+:func:`tokengym.recorder.runner.play`, shared with the Ray backend
+(:mod:`tokengym.recorder.ray_backend`, ``backend="ray"``: each episode in an env worker actor
+against a policy engine actor) and TRL's ``rollout_func``, so a run gives the same
+trajectories, token for token, on every driver.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from typing import Any
 
 import gymnasium as gym
 
-from tokengym.policies import Policy, SamplingParams
+from tokengym.policies import Generation, Policy, SamplingParams
+from tokengym.policies.batching import RequestBatcher
 
 from .episodes import (  # the shared names stay importable from here, where they were first
     EpisodeError,
     EpisodeSlot,
+    EpisodeTask,
     PolicyFactory,
     RolloutResult,
     RolloutStats,
@@ -41,6 +45,7 @@ from .episodes import (  # the shared names stay importable from here, where the
     turn_params,
     turn_seed,
 )
+from .runner import Outcome, drive
 from .stopping import stop_on_signals
 from .trajectory import Trajectory
 from .wrapper import RecordEpisodes
@@ -71,6 +76,7 @@ def rollout(
     progress: bool = True,
     backend: str | Any = "local",
     address: str | None = None,
+    schedule: str = "async",
 ) -> RolloutResult:
     """Run ``episodes`` episodes, ``concurrency`` at a time, and return their trajectories.
 
@@ -90,6 +96,10 @@ def rollout(
             its defaults), or a configured ``RayBackend``.
         address: with ``backend="ray"``: the cluster to connect to (``"auto"``, ``"HOST:PORT"``,
             ``"ray://HOST:10001"``); None starts a local Ray unless one is connected already.
+        schedule: with the local backend, ``"async"`` (the default: each episode submits its next
+            turn as soon as its env step is done, and the policy batches what is in flight) or
+            ``"lockstep"`` (rounds: every live episode generates in one batch, then every env
+            steps; kept for comparison). Both give the same trajectories for the same seeds.
 
     Ctrl-C and SIGTERM stop the run cleanly (in the main thread): every finished episode is
     returned (and was passed to ``on_episode``); the unfinished ones are dropped whole, never
@@ -113,10 +123,14 @@ def rollout(
     elif address is not None:
         raise ValueError("a configured backend brings its own address: RayBackend(address=...)")
     if not isinstance(backend, str):
+        if schedule != "async":
+            raise ValueError("the Ray backend runs every episode at its own pace: schedule='lockstep' is local only")
         return backend.run(
             make_env, policy, episodes=episodes, concurrency=concurrency, sampling=base, seed=seed,
             env_kwargs=env_kwargs, on_episode=on_episode, progress=progress,
         )
+    if schedule not in ("async", "lockstep"):
+        raise ValueError(f'unknown schedule {schedule!r}: use "async" (the default) or "lockstep"')
     owned = not is_policy(policy)  # built here from a factory: closed here too
     policy = build_policy(policy)
     make_env = env_factory(make_env, env_kwargs)
@@ -124,50 +138,13 @@ def rollout(
     stats = RolloutStats(requested=len(ids))
     done: list[Trajectory] = []
     slots = [EpisodeSlot(RecordEpisodes(make_env(), keep=False, sampling=record)) for _ in range(min(concurrency, len(ids)))]
-    queue = iter(ids)
+    tasks = [EpisodeTask.of(i, seed, base) for i in ids]
     bar = progress_bar(len(ids), progress)
     start = time.perf_counter()
-
-    def begin(slot: EpisodeSlot) -> bool:
-        for episode in queue:
-            try:
-                slot.begin(episode, seed)
-            except Exception as err:  # a broken task must not stop the run
-                stats.failed += 1
-                stats.errors.append(EpisodeError.of(err, episode, None, "reset failed: "))
-                bar.update(1)
-                continue
-            return True
-        slot.episode = -1
-        return False
-
+    run = _async if schedule == "async" else _lockstep
     interrupted = False
     try:
-        with stop_on_signals(), ThreadPoolExecutor(max_workers=max(1, len(slots))) as pool:
-            live = [s for s in slots if begin(s)]
-            while live:
-                params = [s.params(base, seed) for s in live]
-                t0 = time.perf_counter()
-                gens = policy.generate([s.stream for s in live], params)
-                stats.engine_s += time.perf_counter() - t0
-                still = []
-                for slot, gen, result in pool.map(lambda a: (a[0], a[1], a[0].step(a[1])), zip(live, gens)):
-                    if isinstance(result, Exception):
-                        stats.failed += 1
-                        stats.errors.append(slot.failure(result))
-                        bar.update(1)
-                        if begin(slot):
-                            still.append(slot)
-                        continue
-                    traj = slot.advance(gen, result)
-                    if traj is not None:
-                        record_finished(stats, traj, done, on_episode, bar, start)
-                        if not begin(slot):
-                            continue
-                    still.append(slot)
-                live = still
-    except KeyboardInterrupt:
-        interrupted = True
+        interrupted = run(slots, tasks, base, policy, stats, lambda traj: record_finished(stats, traj, done, on_episode, bar), bar)
     finally:
         bar.close()
         stats.wall_s = time.perf_counter() - start
@@ -178,6 +155,83 @@ def rollout(
     stats.interrupted = interrupted
     done.sort(key=lambda t: t.metadata["episode"])
     return RolloutResult(done, stats, interrupted)
+
+
+def _failed(stats: RolloutStats, error: EpisodeError, bar: Any) -> None:
+    stats.failed += 1
+    stats.errors.append(error)
+    bar.update(1)
+
+
+def _async(
+    slots: list[EpisodeSlot], tasks: list[EpisodeTask], base: SamplingParams, policy: Policy,
+    stats: RolloutStats, finished: Callable[[Trajectory], None], bar: Any,
+) -> bool:
+    """Every episode at its own pace (:func:`tokengym.recorder.runner.drive`); True when stopped."""
+    batcher = RequestBatcher(policy)
+
+    async def generate(context: list[int], params: SamplingParams) -> Generation:
+        gen = await batcher.generate(context, params)
+        bar.tokens(len(gen.token_ids))
+        return gen
+
+    def on_outcome(task: EpisodeTask, outcome: Outcome) -> None:
+        if isinstance(outcome, EpisodeError):
+            _failed(stats, outcome, bar)
+        else:
+            finished(outcome)
+
+    try:
+        return drive(slots, tasks, base, generate, on_outcome)
+    finally:
+        stats.engine_s += batcher.busy_now()
+        batcher.close()
+
+
+def _lockstep(
+    slots: list[EpisodeSlot], tasks: list[EpisodeTask], base: SamplingParams, policy: Policy,
+    stats: RolloutStats, finished: Callable[[Trajectory], None], bar: Any,
+) -> bool:
+    """Lock-step rounds: every live episode generates in one batch, then every env steps; True when stopped."""
+    queue = iter(tasks)
+
+    def begin(slot: EpisodeSlot) -> bool:
+        for task in queue:
+            try:
+                slot.begin(task)
+            except Exception as err:  # a broken task must not stop the run
+                slot.release()
+                _failed(stats, EpisodeError.of(err, task.episode, None, "reset failed: "), bar)
+                continue
+            return True
+        slot.episode = -1
+        return False
+
+    try:
+        with stop_on_signals(), ThreadPoolExecutor(max_workers=max(1, len(slots))) as pool:
+            live = [s for s in slots if begin(s)]
+            while live:
+                params = [s.params(base) for s in live]
+                t0 = time.perf_counter()
+                gens = policy.generate([s.stream for s in live], params)
+                stats.engine_s += time.perf_counter() - t0
+                still = []
+                for slot, gen, result in pool.map(lambda a: (a[0], a[1], a[0].step(a[1])), zip(live, gens)):
+                    if isinstance(result, Exception):
+                        _failed(stats, slot.failure(result), bar)
+                        if begin(slot):
+                            still.append(slot)
+                        continue
+                    traj = slot.advance(gen, result)
+                    if traj is not None:
+                        finished(traj)
+                        if not begin(slot):
+                            continue
+                    still.append(slot)
+                live = still
+    except KeyboardInterrupt:
+        return True
+    return False
 
 
 def summary_table(stats: RolloutStats) -> str:

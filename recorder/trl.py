@@ -44,16 +44,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 from tokengym.policies import Policy, SamplingParams
+from tokengym.policies.batching import RequestBatcher
 
 from .batches import to_trl
-from .episodes import turn_params
+from .episodes import EpisodeError, EpisodeSlot, EpisodeTask
+from .runner import Outcome, drive
 from .trajectory import Trajectory
 from .wrapper import RecordEpisodes
 
@@ -139,10 +139,13 @@ class TRLRollout:
         self.env_kwargs = dict(env_kwargs or {})
         self.calls = 0
         self.last_trajectories: list[Trajectory] = []
-        self._envs: list[RecordEpisodes] = []
-        self._context_limits: list[int | None] = []
-        self._pool: ThreadPoolExecutor | None = None
+        self._slots: list[EpisodeSlot] = []
         self._renderer: Any = None
+
+    @property
+    def envs(self) -> list[RecordEpisodes]:
+        """The env copies, reused from call to call (one per prompt of the largest call so far)."""
+        return [slot.env for slot in self._slots]
 
     # ---------------------------------------------------------------- setup
     def _make_env(self, trainer: Any) -> gym.Env:
@@ -158,12 +161,10 @@ class TRLRollout:
             kwargs["tokenizer"] = self._renderer
         return gym.make(self.env, **kwargs)
 
-    def _envs_for(self, n: int, trainer: Any) -> list[RecordEpisodes]:
-        while len(self._envs) < n:
-            env = RecordEpisodes(self._make_env(trainer), keep=False)
-            self._envs.append(env)
-            self._context_limits.append(getattr(env.unwrapped, "max_context_tokens", None))
-        return self._envs[:n]
+    def _slots_for(self, n: int, trainer: Any) -> list[EpisodeSlot]:
+        while len(self._slots) < n:
+            self._slots.append(EpisodeSlot(RecordEpisodes(self._make_env(trainer), keep=False)))
+        return self._slots[:n]
 
     def _base_sampling(self, trainer: Any) -> SamplingParams:
         if self.sampling is not None:
@@ -218,86 +219,59 @@ class TRLRollout:
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
         try:
-            envs = self._envs_for(len(specs), trainer)
-            tokenizer = getattr(envs[0].unwrapped, "tokenizer", None) or trainer.processing_class
+            slots = self._slots_for(len(specs), trainer)
+            tokenizer = getattr(slots[0].env.unwrapped, "tokenizer", None) or trainer.processing_class
             policy = HFPolicy(model, tokenizer, device=trainer.accelerator.device)
             return self._play(specs, policy, trainer, seed, call)
         finally:
             model.train(was_training)
 
     def _play(self, specs: list, policy: Policy, trainer: Any, seed: tuple[int, int], call: int) -> list[Trajectory]:
-        """One episode per spec, all at once: every round is one batched ``generate`` call."""
-        n = len(specs)
-        envs = self._envs_for(n, trainer)
+        """One episode per spec, all at once, each at its own pace (the local driver's runner)."""
+        slots = self._slots_for(len(specs), trainer)
         base = self._base_sampling(trainer)
         budget = self._completion_budget(trainer)
         record = {**base.as_dict(), "policy": getattr(policy, "name", type(policy).__name__),
                   "logprob_kind": getattr(policy, "logprob_kind", "none"), "seed": seed[0], "trl_call": call}
-        stream: list[list[int]] = []
-        remaining: list[int] = []
-        for i, (env, (reset_seed, options)) in enumerate(zip(envs, specs)):
-            core = env.unwrapped
-            if self._context_limits[i] is not None:
-                core.max_context_tokens = self._context_limits[i]  # undo the previous episode's cap
-            env.sampling = record
-            obs, info = env.reset(seed=reset_seed, options=options)
-            left = int(info.get("remaining_context", 1 << 30))
-            if budget is not None and self._context_limits[i] is not None:
-                # The whole completion (actions and observations) stays within the budget: the env
-                # ends the episode as truncated ("context_length") rather than exceed it.
-                core.max_context_tokens = min(self._context_limits[i], len(obs) + budget)
-                left = min(left, budget)
-            stream.append([int(t) for t in obs])
-            remaining.append(left)
-        turn = [0] * n
-        done: list[Trajectory | None] = [None] * n
-        live = list(range(n))
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tokengym-trl")
-        while live:
-            params = [
-                turn_params(
-                    base, envs[i].unwrapped, remaining[i],
-                    int(np.random.SeedSequence([*seed, call, i, turn[i]]).generate_state(1, dtype=np.uint32)[0]),
-                )
-                for i in live
-            ]
-            gens = policy.generate([stream[i] for i in live], params)
+        for slot in slots:
+            slot.env.sampling = record
+        tasks = [
+            EpisodeTask(
+                i, reset_seed, (*seed, call, i), options, budget if slot._limit is not None else None,
+                {"trl": {"call": call, "index": i, "seed": seed[0], "process": seed[1]}},
+            )
+            for i, ((reset_seed, options), slot) in enumerate(zip(specs, slots))
+        ]
+        done: dict[int, Trajectory] = {}
+        errors: list[EpisodeError] = []
+        batcher = RequestBatcher(policy)
 
-            def step(i: int, gen: Any) -> Any:
-                try:
-                    return envs[i].step(gen.token_ids, logprobs=gen.logprobs, finish_reason=gen.finish_reason)
-                except Exception as err:
-                    raise RuntimeError(f"episode {i} (prompt {specs[i]!r}), turn {turn[i]}: {err}") from err
+        def on_outcome(task: EpisodeTask, outcome: Outcome) -> None:
+            if isinstance(outcome, EpisodeError):
+                errors.append(outcome)
+                return
+            done[task.episode] = outcome
+            if self.on_episode is not None:
+                self.on_episode(outcome)
 
-            results = list(self._pool.map(step, live, gens))
-            still = []
-            for i, gen, (obs, _, terminated, truncated, info) in zip(live, gens, results):
-                stream[i] += gen.token_ids.tolist() + obs.tolist()
-                turn[i] += 1
-                remaining[i] = int(info.get("remaining_context", remaining[i]))
-                if terminated or truncated:
-                    traj = info["trajectory"]
-                    traj.metadata["trl"] = {"call": call, "index": i, "seed": seed[0], "process": seed[1]}
-                    done[i] = traj
-                    if self.on_episode is not None:
-                        self.on_episode(traj)
-                else:
-                    still.append(i)
-            live = still
-        for i, env in enumerate(envs):
-            if self._context_limits[i] is not None:
-                env.unwrapped.max_context_tokens = self._context_limits[i]
-        return [t for t in done if t is not None]
+        try:
+            stopped = drive(slots, tasks, base, batcher.generate, on_outcome)
+        finally:
+            batcher.close()
+        if stopped:
+            raise KeyboardInterrupt(f"the rollout was stopped with {len(done)} of {len(specs)} episodes finished")
+        if errors:
+            lines = "; ".join(f"{e} (prompt {specs[e.episode]!r})" for e in errors[:5])
+            raise RuntimeError(
+                f"{len(errors)} of {len(specs)} episodes failed, and TRL needs one completion per prompt: {lines}"
+            )
+        return [done[i] for i in range(len(specs))]
 
     def close(self) -> None:
-        """Close the environments and the step thread pool."""
-        for env in self._envs:
-            env.close()
-        self._envs, self._context_limits = [], []
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
+        """Close the environments."""
+        for slot in self._slots:
+            slot.env.close()
+        self._slots = []
 
 
 def trl_rollout_func(

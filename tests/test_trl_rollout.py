@@ -62,9 +62,9 @@ def test_one_episode_per_prompt_in_order(qwen25):
     assert out["num_turns"] == [2] * 4 and out["stop_reason"] == ["done"] * 4
     assert env_reward(out["completion_ids"], out["env_reward"]) == [t.reward for t in trajs]
     # Text prompts are the conversation; the envs are reused from call to call.
-    envs = list(rollout._envs)
+    envs = list(rollout.envs)
     out = rollout(["What is 6 times 7?"] * 2, trainer(qwen25))
-    assert rollout._envs[:2] == envs[:2] and out["env_reward"] == [0.0, 0.0]  # no task answer to score
+    assert rollout.envs[:2] == envs[:2] and out["env_reward"] == [0.0, 0.0]  # no task answer to score
     assert "What is 6 times 7?" in renderer.decode(out["prompt_ids"][0])
     rollout.close()
 
@@ -80,7 +80,7 @@ def test_the_whole_completion_stays_within_max_completion_length(qwen25):
         assert len(completion) <= 40
     # The transcript's first tool results do not fit in 40 tokens: the episode ends there, truncated.
     assert short["stop_reason"] == ["context_length"] * 2 and short["completion_ids"][0] == [9707] * 5
-    assert all(env.unwrapped.max_context_tokens == env_limit for env in rollout._envs)  # the cap is undone
+    assert all(env.unwrapped.max_context_tokens == env_limit for env in rollout.envs)  # the cap is undone
 
     roomy = rollout(trl_prompts(2), trainer(qwen25, max_completion_length=4000))
     assert roomy["num_turns"] == [3, 3] and roomy["stop_reason"] == ["max_turns"] * 2

@@ -1,0 +1,219 @@
+"""The default local driver: every episode at its own pace, over the one episode runner.
+
+Real envs (``ReplayEnv`` and the calculator on the pinned Qwen tokenizers) and a real tiny
+Qwen3 through ``HFPolicy``; a gymnasium wrapper adds tool latency where a test needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from tokengym.envs import CalculatorEnv, ReplayEnv
+from tokengym.policies import HFPolicy, SamplingParams, ScriptedPolicy
+from tokengym.policies.batching import PolicyInterrupted, RequestBatcher
+from tokengym.recorder import rollout
+from tokengym.recorder.episodes import EpisodeSlot, EpisodeTask
+from tokengym.recorder.runner import play
+from tokengym.recorder.wrapper import RecordEpisodes
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(qwen3):
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=len(qwen3), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
+    return HFPolicy(Qwen3ForCausalLM(config).eval(), qwen3)
+
+
+class SlowTools(gym.Wrapper):
+    """A tool latency that depends on the episode's seed: some episodes are much slower than others."""
+
+    def __init__(self, env: gym.Env, delays: dict[int, float]) -> None:
+        super().__init__(env)
+        self.delays, self.seed = delays, None
+
+    def reset(self, *, seed=None, options=None):
+        self.seed = seed
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        time.sleep(self.delays.get(self.seed, 0.0))
+        return self.env.step(action)
+
+
+def answer(qwen25):
+    """Replies with the calculator's answer call on the first turn, then a final answer."""
+    return ScriptedPolicy(lambda ctx: "The answer is 4.", qwen25, end_ids=[151645])
+
+
+def test_async_and_lockstep_give_the_same_trajectories(tiny_policy, qwen3):
+    delays = {3: 0.2, 5: 0.05}  # by reset seed: episodes 0 and 2 have slow tools, so they finish out of order
+
+    def run(schedule, concurrency):
+        order = []
+        r = rollout(
+            lambda: SlowTools(ReplayEnv(qwen3, max_turns=3), delays), tiny_policy, episodes=6,
+            concurrency=concurrency, sampling=SamplingParams(max_tokens=6), seed=3, progress=False,
+            schedule=schedule, on_episode=lambda t: order.append(t.metadata["episode"]),
+        )
+        assert r.stats.failed == 0 and not r.interrupted
+        return r.trajectories, order
+
+    lock, _ = run("lockstep", 3)
+    fast, _ = run("async", 3)
+    one, _ = run("async", 1)
+    # Same seeds, same tokens, whatever the schedule; the logprobs agree to float precision
+    # (a batch's padding changes the last bits of a matmul, not the sampled tokens).
+    for a, b, c in zip(lock, fast, one):
+        assert a.token_ids.tolist() == b.token_ids.tolist() == c.token_ids.tolist()
+        assert a.mask.tolist() == b.mask.tolist() and a.turn_rewards.tolist() == b.turn_rewards.tolist()
+        np.testing.assert_allclose(np.nan_to_num(a.logprobs), np.nan_to_num(b.logprobs), atol=1e-5)
+        np.testing.assert_allclose(np.nan_to_num(a.logprobs), np.nan_to_num(c.logprobs), atol=1e-5)
+
+
+def test_a_slow_episode_holds_up_only_itself(qwen25):
+    order, when = [], {}
+    start = time.perf_counter()
+
+    def finished(traj):
+        order.append(traj.metadata["episode"])
+        when[traj.metadata["episode"]] = time.perf_counter() - start
+
+    # Episode 0's tool takes 1.5 s per step; the others take none.
+    r = rollout(
+        lambda: SlowTools(CalculatorEnv(qwen25), {0: 1.5}), answer(qwen25), episodes=6, concurrency=2,
+        seed=0, progress=False, on_episode=finished,
+    )
+    assert r.stats.episodes == 6 and order[-1] == 0
+    assert max(when[i] for i in range(1, 6)) < 1.0  # five episodes passed the slow one on the other slot
+    assert 0 < r.stats.engine_s < r.stats.wall_s
+
+
+def test_waiting_requests_form_one_batch(qwen25):
+    sizes = []
+
+    class Counting(ScriptedPolicy):
+        def generate(self, contexts, sampling):
+            sizes.append(len(contexts))
+            time.sleep(0.05)  # busy long enough for the others to queue up
+            return super().generate(contexts, sampling)
+
+    policy = Counting(lambda ctx: "4", qwen25, end_ids=[151645])
+    r = rollout(lambda: CalculatorEnv(qwen25), policy, episodes=12, concurrency=4, progress=False)
+    assert r.stats.episodes == 12 and sum(sizes) == r.stats.turns
+    assert max(sizes) >= 2  # requests that arrived while the policy was busy went together
+
+
+def test_a_refused_request_fails_only_its_episode(qwen25):
+    def script(ctx):
+        if len(ctx) % 7 == 0:
+            raise ValueError("this context is refused")
+        return "4"
+
+    seen = []
+
+    class Batches(ScriptedPolicy):
+        def generate(self, contexts, sampling):
+            seen.append(len(contexts))
+            return super().generate(contexts, sampling)
+
+    r = rollout(
+        lambda: CalculatorEnv(qwen25), Batches(script, qwen25, end_ids=[151645]), episodes=20, concurrency=4,
+        progress=False,
+    )
+    refused = r.stats.failed
+    assert r.stats.episodes + refused == 20 and refused >= 1
+    assert all("this context is refused" in e for e in r.stats.errors)
+    assert all(e.turn == 0 and e.type == "ValueError" for e in r.stats.errors)
+
+
+def test_runs_inside_a_running_event_loop(qwen25):
+    """A notebook cell runs inside the kernel's event loop: the driver then runs its own in a thread."""
+
+    async def cell():
+        return rollout(lambda: CalculatorEnv(qwen25), answer(qwen25), episodes=3, concurrency=2, progress=False)
+
+    inside = asyncio.run(cell())
+    outside = rollout(lambda: CalculatorEnv(qwen25), answer(qwen25), episodes=3, concurrency=2, progress=False)
+    assert [t.to_dict() for t in inside.trajectories] == [t.to_dict() for t in outside.trajectories]
+    assert not any(t.name == "tokengym-rollout" for t in threading.enumerate())  # its thread ended
+
+
+def test_the_progress_bar_shows_live_tokens_per_second(qwen25, capsys):
+    rollout(lambda: CalculatorEnv(qwen25), answer(qwen25), episodes=4, concurrency=2, progress=True)
+    err = capsys.readouterr().err
+    assert "4/4" in err and "tok_s=" in err and "reward=" in err
+
+
+def test_bad_schedules_are_named(qwen25):
+    with pytest.raises(ValueError, match="lockstep"):
+        rollout(lambda: CalculatorEnv(qwen25), answer(qwen25), episodes=1, schedule="rounds", progress=False)
+
+    class Backend:
+        def run(self, *a, **k):  # pragma: no cover - refused before
+            raise AssertionError
+
+    with pytest.raises(ValueError, match="local only"):
+        rollout(lambda: CalculatorEnv(qwen25), answer(qwen25), episodes=1, schedule="lockstep", backend=Backend())
+
+
+def test_a_policy_interrupt_stops_the_run_and_keeps_the_finished(qwen25):
+    calls = {"n": 0}
+
+    def script(ctx):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return "4"
+
+    r = rollout(lambda: CalculatorEnv(qwen25), ScriptedPolicy(script, qwen25, end_ids=[151645]), episodes=10,
+                concurrency=1, progress=False)
+    assert r.interrupted and r.stats.episodes == 4 and r.stats.not_run == 6
+
+
+def test_the_runner_on_its_own(qwen25):
+    """``play`` is what the Ray workers and TRL run: one episode, its trajectory or its error."""
+    batcher = RequestBatcher(answer(qwen25))
+    slot = EpisodeSlot(RecordEpisodes(ReplayEnv(qwen25, max_turns=3), keep=False))
+    limit = slot.env.unwrapped.max_context_tokens
+    try:
+        task = EpisodeTask(7, 7, (0, 7), completion_budget=3, metadata={"group": "g"})
+        traj = asyncio.run(play(slot, task, SamplingParams(), batcher.generate))
+        # the next user message does not fit a 3-token budget; the env's own limit comes back afterwards
+        assert traj.stop_reason == "context_length" and traj.metadata["group"] == "g"
+        assert traj.metadata["episode"] == 7 and slot.env.unwrapped.max_context_tokens == limit
+        assert batcher.requests == 1 and batcher.busy_s > 0
+        bad = asyncio.run(play(slot, EpisodeTask(8, 8, (0, 8), options={"messages": 5}), SamplingParams(), batcher.generate))
+        assert bad.episode == 8 and bad.turn is None and "reset failed" in bad.message
+    finally:
+        batcher.close()
+        slot.env.close()
+
+
+def test_an_interrupted_batch_stops_every_request_in_it(qwen25):
+    def script(ctx):
+        raise KeyboardInterrupt
+
+    batcher = RequestBatcher(ScriptedPolicy(script, qwen25))
+
+    async def both():
+        return await asyncio.gather(
+            *(batcher.generate([1, 2, 3], SamplingParams()) for _ in range(2)), return_exceptions=True
+        )
+
+    try:
+        assert all(isinstance(r, PolicyInterrupted) for r in asyncio.run(both()))
+    finally:
+        batcher.close()
+    assert np.isfinite(batcher.busy_s)

@@ -159,6 +159,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         )
         self.max_turns = max_turns
         self.max_context_tokens = max_context_tokens
+        self.reset_seed: int | None = None
         self.max_action_tokens = max_action_tokens
         self.stop_strings = tuple(stop_strings)
         self.conformance_mode: ConformanceMode = conformance
@@ -172,7 +173,12 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
 
     # ----------------------------------------------------------------- hooks
     def make_prompt(self, options: dict[str, Any]) -> Prompt:
-        """The episode's opening messages. Use ``self.np_random`` for anything random."""
+        """The episode's opening messages. Use ``self.np_random`` for anything random.
+
+        ``options`` are the reset's (a task from ``rollout(..., tasks=[...])``); ``self.reset_seed``
+        is the seed ``reset`` was called with (None for none): the episodes of a GRPO group share it,
+        so a task picked from it is the group's task. Put a task id in ``Prompt.task["id"]``.
+        """
         raise NotImplementedError(
             f"{type(self).__name__} must implement make_prompt(), or reset with options={{'messages': [...]}}"
         )
@@ -207,6 +213,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
+        self.reset_seed = seed
         opts = dict(options or {})
         if "messages" in opts:
             prompt = Prompt(list(opts["messages"]), opts.get("tools"), dict(opts.get("task", {})))

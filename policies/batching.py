@@ -42,8 +42,9 @@ class RequestBatcher:
         policy: a built policy, or a zero-argument factory (built on the batcher's own thread).
         batch_wait_s: how long to let requests gather before each batched call (0: none; the
             requests that arrived during the previous call still go together).
-        native: use the policy's own ``agenerate`` when it has one (default), which batches
-            continuously inside the engine.
+        native: use the policy's own ``agenerate`` when it has one and batches concurrent calls
+            itself (``policy.continuous_batching``, True unless the policy says otherwise): vLLM's
+            async engine, a server, ``HFPolicy``'s continuous decode loop.
     """
 
     def __init__(
@@ -55,7 +56,8 @@ class RequestBatcher:
         else:
             self.policy = self._executor.submit(policy).result()  # type: ignore[arg-type]
         self.batch_wait_s = batch_wait_s
-        self._native = getattr(self.policy, "agenerate", None) if native else None
+        batches = getattr(self.policy, "continuous_batching", True)
+        self._native = getattr(self.policy, "agenerate", None) if native and batches else None
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
         self._drainer: asyncio.Future | None = None
         self._active = 0

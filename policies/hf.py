@@ -52,6 +52,9 @@ class HFPolicy:
         device: where to run; the model is moved there.
         pad_token_id: written on padding positions (they are masked; any id in the vocabulary works).
         model_kwargs: extra ``from_pretrained`` arguments when ``model`` is a name.
+        continuous: requests sent through :meth:`agenerate` (the rollout driver does) join the
+            running decode batch at every step (continuous batching); False sends each group of
+            waiting requests as one batched ``generate`` call instead.
     """
 
     logprob_kind = "raw"
@@ -64,6 +67,7 @@ class HFPolicy:
         device: str | torch.device = "cpu",
         pad_token_id: int = 0,
         model_kwargs: dict[str, Any] | None = None,
+        continuous: bool = True,
     ) -> None:
         import torch
 
@@ -80,6 +84,8 @@ class HFPolicy:
         # transformers renamed the KV-cache argument (past_key_values -> cache) within 5.x.
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.continuous_batching = continuous
+        self._decoder: Any = None
 
     def generate(
         self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
@@ -111,11 +117,7 @@ class HFPolicy:
             attention[i, width - len(c) :] = 1
         ids, attention = ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        generators = []
-        for p in params:
-            g = torch.Generator(device=self.device)
-            g.manual_seed(p.seed if p.seed is not None else int(torch.randint(0, 2**62, ()).item()))
-            generators.append(g)
+        generators = [self.generator(p) for p in params]
 
         out_ids: list[list[int]] = [[] for _ in range(n)]
         out_lp: list[list[float]] = [[] for _ in range(n)]
@@ -124,25 +126,13 @@ class HFPolicy:
         cache = DynamicCache()  # filled in place by every forward call
         step_ids, step_pos, mask = ids, positions, attention
         for _ in range(steps):
-            result = self.model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=step_pos,
-                use_cache=True,
-                **{self._cache_arg: cache},
-                logits_to_keep=1,  # the prefill would otherwise materialize logits for every context token
-            )
-            logits = result.logits[:, -1, :].float()
+            logits = self.forward(step_ids, mask, step_pos, cache)
             logprobs = torch.log_softmax(logits, dim=-1)
             next_ids = torch.full((n,), self.pad_token_id, dtype=torch.long, device=self.device)
             for i, p in enumerate(params):
                 if finish[i] is not None:
                     continue
-                if p.temperature == 0:
-                    tok = int(torch.argmax(logits[i]))
-                else:
-                    probs = torch.softmax(_filter_logits(logits[i], p), dim=-1)
-                    tok = int(torch.multinomial(probs, 1, generator=generators[i]))
+                tok = self.pick(logits[i], p, generators[i])
                 next_ids[i] = tok
                 out_ids[i].append(tok)
                 out_lp[i].append(float(logprobs[i, tok]))
@@ -156,6 +146,65 @@ class HFPolicy:
             Generation(np.array(out_ids[i]), np.array(out_lp[i]), finish[i] or "length", self.logprob_kind)  # type: ignore[arg-type]
             for i in range(n)
         ]
+
+    # ------------------------------------------------------------ decode pieces
+    def generator(self, p: SamplingParams) -> torch.Generator:
+        """The request's own random generator (seeded by ``p.seed``, else at random)."""
+        import torch
+
+        g = torch.Generator(device=self.device)
+        g.manual_seed(p.seed if p.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        return g
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        """The float32 logits of the last position of every row (the cache is extended in place)."""
+        result = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_arg: cache},
+            logits_to_keep=1,  # the prefill would otherwise materialize logits for every context token
+        )
+        return result.logits[:, -1, :].float()
+
+    def pick(self, logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
+        """The next token of one request: greedy at temperature 0, else sampled with its generator."""
+        import torch
+
+        if p.temperature == 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(_filter_logits(logits, p), dim=-1)
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    # ------------------------------------------------------------ continuous batching
+    async def agenerate(
+        self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Generation]:
+        """The async form: with ``continuous=True`` each request joins the running decode batch at
+        the next step (:mod:`tokengym.policies.continuous`); otherwise one batched call in a thread."""
+        import asyncio
+
+        params = per_request(sampling, len(contexts))
+        contexts = check_contexts(contexts)
+        if not contexts:
+            return []
+        if self.tokenizer is None and any(p.stop_strings for p in params):
+            raise ValueError("stop strings need the tokenizer: HFPolicy(model, tokenizer)")
+        if not self.continuous_batching:
+            return await asyncio.to_thread(self.generate, contexts, params)
+        if self._decoder is None:
+            from .continuous import ContinuousDecoder
+
+            self._decoder = ContinuousDecoder(self)
+        futures = [asyncio.wrap_future(self._decoder.submit(c, p)) for c, p in zip(contexts, params)]
+        return list(await asyncio.gather(*futures))
+
+    def close(self) -> None:
+        """Stop the continuous decode loop's thread (the model stays usable)."""
+        decoder, self._decoder = self._decoder, None
+        if decoder is not None:
+            decoder.close()
 
     def _finished(self, out: list[int], p: SamplingParams) -> str | None:
         if out[-1] in p.stop_token_ids:

@@ -48,6 +48,8 @@ class ServerError(RuntimeError):
 class OpenAIServerPolicy:
     """Generates through an OpenAI-compatible completions endpoint, token ids in and out.
 
+    Concurrent requests go to the server as they come (``agenerate``): the server batches them.
+
     Args:
         base_url: the server's address, with or without ``/v1`` (``http://127.0.0.1:8000``).
         model: the served model name (``--served-model-name``, or the path it was started with).
@@ -86,6 +88,7 @@ class OpenAIServerPolicy:
         self._max_model_len = max_model_len
         self._asked_max_len = False
         self.name = f"openai:{model}@{self.base_url}"
+        self.continuous_batching = True
 
     # -- HTTP ---------------------------------------------------------------------------
 

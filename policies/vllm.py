@@ -190,6 +190,8 @@ class AsyncVLLMPolicy:
     Args: as for :class:`VLLMPolicy`; ``engine_kwargs`` go to ``vllm.AsyncEngineArgs``.
     """
 
+    continuous_batching = True
+
     def __init__(self, model: str, *, logprobs_mode: str = "raw_logprobs", **engine_kwargs: Any) -> None:
         kwargs = _engine_kwargs(logprobs_mode, engine_kwargs)
         kwargs.setdefault("disable_log_stats", True)

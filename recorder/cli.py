@@ -323,6 +323,13 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise ValueError(f"--policy {args.policy} needs --model")
     if args.backend == "local" and (args.address or args.engines is not None or args.workers is not None):
         raise ValueError("--address, --engines and --workers are for --backend ray")
+    tasks = _read_tasks(args.tasks) if args.tasks else None
+    if args.group_size < 1:
+        raise ValueError(f"--group-size must be at least 1, got {args.group_size}")
+    if args.episodes is None:
+        args.episodes = len(tasks) * args.group_size if tasks else 8
+    if args.episodes % args.group_size:
+        raise ValueError(f"--episodes {args.episodes} is not a multiple of --group-size {args.group_size}: whole groups only")
     if args.backend == "ray" and args.schedule == "lockstep":
         raise ValueError("--schedule lockstep is for --backend local: Ray runs every episode at its own pace")
     tokenizer = load_tokenizer(args.tokenizer or args.model)
@@ -358,6 +365,10 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         "sampling": sampling.as_dict(),
         "seed": args.seed,
     }
+    if args.group_size > 1:
+        run["group_size"] = args.group_size
+    if tasks is not None:
+        run["tasks"] = tasks
     try:
         with TrajectoryWriter(args.out, tokenizer=tokenizer, run=run) as writer:
             ids, note = _plan_episodes(args, _stored_episodes(writer.directory))
@@ -367,7 +378,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             result = rollout(
                 make_env, policy, episodes=ids, concurrency=args.concurrency, sampling=sampling,
                 seed=args.seed, on_episode=writer.write, progress=not args.quiet,
-                backend=backend, schedule=args.schedule,
+                backend=backend, schedule=args.schedule, group_size=args.group_size, tasks=tasks,
             )
     except stopped as err:
         print(summary_table(err.result.stats))  # type: ignore[attr-defined]
@@ -406,7 +417,7 @@ ROLLOUT_EXIT_CODES = f"""exit status:
   {EXIT_RUN_STOPPED}    the run could not go on (Ray: an engine died for good, no env worker left)
 
 --out on an existing store continues the same run: the episodes already stored are skipped
-(episode i always runs with seed SEED + i); --append adds EPISODES new episodes with new seeds.
+(episode i always resets with seed SEED + i, or SEED + i // G with --group-size G); --append adds EPISODES new episodes with new seeds.
 Other env or sampling settings than the store's are refused, naming the difference."""
 
 
@@ -420,6 +431,25 @@ def _stored_episodes(directory: Path) -> set[int]:
         if isinstance(episode, int):
             found.add(episode)
     return found
+
+
+def _read_tasks(path: str) -> list[dict[str, Any]]:
+    """The tasks of ``--tasks FILE``: one JSON object of reset options per non-empty line."""
+    tasks = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                task = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{n}: not JSON ({err.msg}); --tasks wants one JSON object per line") from None
+            if not isinstance(task, dict):
+                raise ValueError(f"{path}:{n}: a task is a JSON object of reset options, got {type(task).__name__}")
+            tasks.append(task)
+    if not tasks:
+        raise ValueError(f"{path} holds no task (one JSON object of reset options per line)")
+    return tasks
 
 
 def _spans(ids: Sequence[int]) -> str:
@@ -439,7 +469,8 @@ def _plan_episodes(args: argparse.Namespace, stored: set[int]) -> tuple[list[int
     """Which episode indices to run on this store, and a line that says why."""
     out = args.out
     if args.append:
-        start = max(stored) + 1 if stored else 0
+        g = args.group_size
+        start = -(-(max(stored) + 1) // g) * g if stored else 0  # a new group begins
         ids = list(range(start, start + args.episodes))
         held = f", which holds {len(stored)} (episodes {_spans(stored)})" if stored else ""
         return ids, f"appending {len(ids)} new episodes ({_spans(ids) or '-'}, new seeds) to {out}{held}"
@@ -554,7 +585,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-kwarg", action="append", default=[], metavar="KEY=JSON",
         help="passed to the engine, e.g. dtype=\"float32\" or kv_cache_memory_bytes=268435456 (vllm)",
     )
-    r.add_argument("--episodes", type=int, default=8, help="episodes in the run (episode i resets with seed + i)")
+    r.add_argument(
+        "--episodes", type=int,
+        help="episodes in the run (episode i resets with seed + i // group size); default: 8, or each --tasks line once",
+    )
+    r.add_argument(
+        "--group-size", type=int, default=1, metavar="G",
+        help="episodes per task, for GRPO: a group resets alike and samples with its own seeds",
+    )
+    r.add_argument(
+        "--tasks", metavar="FILE",
+        help="a JSON Lines file of reset options, one task per line, cycled over the groups",
+    )
     r.add_argument("--concurrency", type=int, default=4, help="episodes in flight at once")
     r.add_argument(
         "--schedule", choices=["async", "lockstep"], default="async",

@@ -35,6 +35,7 @@ __all__ = [
     "build_policy",
     "env_factory",
     "episode_ids",
+    "plan_tasks",
     "is_policy",
     "Progress",
     "progress_bar",
@@ -127,6 +128,16 @@ class RolloutStats:
     """Policy engine actors that Ray restarted during the run (Ray backend)."""
     startup_s: float = 0.0
     """Time to start the backend's actors before the first episode (Ray backend; not in ``wall_s``)."""
+    group_rewards: dict[Any, list[float]] = field(default_factory=dict)
+    """The returns of each group's finished episodes (runs with ``group_size`` or ``tasks``)."""
+
+    def group_signal(self) -> tuple[int, int, int, int]:
+        """``(with_signal, groups, of_one, equal)``: groups whose returns differ (a GRPO advantage
+        that is not zero), all groups, groups with one finished member, groups with equal returns."""
+        of_one = sum(len(r) == 1 for r in self.group_rewards.values())
+        equal = sum(len(r) > 1 and max(r) == min(r) for r in self.group_rewards.values())
+        n = len(self.group_rewards)
+        return n - of_one - equal, n, of_one, equal
 
     @property
     def mean_reward(self) -> float:
@@ -180,6 +191,8 @@ class RolloutStats:
             "per_node": dict(self.per_node),
             "engine_restarts": self.engine_restarts,
             "startup_s": self.startup_s,
+            "groups": len(self.group_rewards),
+            "groups_with_signal": self.group_signal()[0],
         }
 
 
@@ -209,12 +222,43 @@ class EpisodeTask:
     metadata: dict[str, Any] = field(default_factory=dict)
     """Merged into the trajectory's metadata when the episode finishes."""
 
-    @classmethod
-    def of(cls, episode: int, seed: int, base: SamplingParams | None = None) -> EpisodeTask:
-        """Episode ``episode`` of a :func:`~tokengym.recorder.rollout` run: it resets with ``seed + episode``;
-        its turns sample with seeds from ``(seed, episode, turn)`` (``base.seed`` in place of ``seed`` when set)."""
-        turns = seed if base is None or base.seed is None else base.seed
-        return cls(episode, seed + episode, (turns, episode))
+
+def plan_tasks(
+    ids: Sequence[int],
+    seed: int,
+    base: SamplingParams | None = None,
+    *,
+    group_size: int = 1,
+    tasks: Sequence[dict[str, Any]] | None = None,
+) -> list[EpisodeTask]:
+    """The task of every episode of a run.
+
+    Episode ``i`` is in group ``g = i // group_size``: the group's episodes reset with the same
+    seed ``seed + g`` (so an env that picks its task from the seed gives them the same task) and
+    the same reset options ``tasks[g % len(tasks)]`` when a task list is given; each episode
+    samples with its own seeds ``(seed, i, turn)``. With groups or tasks, ``metadata["group"]``
+    records ``g`` on every trajectory (and so in the store).
+    """
+    if group_size < 1:
+        raise ValueError(f"need group_size >= 1, got {group_size}")
+    if tasks is not None:
+        tasks = list(tasks)
+        if not tasks:
+            raise ValueError("tasks=[] has no task to run: give at least one dict of reset options")
+        for k, t in enumerate(tasks):
+            if not isinstance(t, dict):
+                raise TypeError(f"tasks[{k}] must be a dict of reset options, got {type(t).__name__}")
+    grouped = group_size > 1 or tasks is not None
+    turns = seed if base is None or base.seed is None else base.seed
+    out = []
+    for i in ids:
+        g = i // group_size
+        out.append(EpisodeTask(
+            i, seed + g, (turns, i),
+            options=None if tasks is None else dict(tasks[g % len(tasks)]),
+            metadata={"group": g} if grouped else {},
+        ))
+    return out
 
 
 @dataclass
@@ -364,6 +408,8 @@ def _account(stats: RolloutStats, traj: Trajectory) -> None:
     stats.turns += traj.num_turns
     stats.reward_sum += traj.reward
     stats.stop_reasons[traj.stop_reason or "?"] += 1
+    if "group" in traj.metadata:
+        stats.group_rewards.setdefault(traj.metadata["group"], []).append(traj.reward)
     summary = traj.conformance_summary
     for status in ("ok", "known", "mismatch", "deferred"):
         if summary.get(status):

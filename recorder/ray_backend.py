@@ -61,6 +61,7 @@ from .episodes import (
     env_factory,
     episode_ids,
     is_policy,
+    plan_tasks,
     progress_bar,
     record_finished,
     sampling_record,
@@ -135,7 +136,7 @@ class EnvWorker:
 
         return ray.get_runtime_context().get_node_id()
 
-    def run_episode(self, episode: int, engine: Any, config: tuple[SamplingParams, int, dict[str, Any]]) -> dict[str, Any]:
+    def run_episode(self, task: EpisodeTask, engine: Any, config: tuple[SamplingParams, int, dict[str, Any]]) -> dict[str, Any]:
         """One whole episode against ``engine``: ``{"episode", "trajectory"}`` or ``{"episode", "error"}``.
 
         ``config`` is the run's ``(base sampling, seed, sampling record)``. The turn loop is the
@@ -143,13 +144,14 @@ class EnvWorker:
         """
         import asyncio
 
-        base, seed, record = config
+        base, _, record = config
+        episode = task.episode
         env = self._free.get()  # the driver never sends more episodes than slots
         try:
             env.sampling = record
             generate = _engine_generate(engine)
             try:
-                outcome = asyncio.run(play(EpisodeSlot(env), EpisodeTask.of(episode, seed, base), base, generate))
+                outcome = asyncio.run(play(EpisodeSlot(env), task, base, generate))
             except EngineLost as err:
                 return {"episode": episode, "engine_died": str(err)}
             if isinstance(outcome, EpisodeError):
@@ -342,10 +344,13 @@ class RayBackend:
         env_kwargs: dict[str, Any] | None = None,
         on_episode: Callable[[Trajectory], None] | None = None,
         progress: bool = True,
+        group_size: int = 1,
+        tasks: Sequence[dict[str, Any]] | None = None,
     ) -> RolloutResult:
-        """As :func:`~tokengym.recorder.rollout`: the same episodes, seeds and result layout; SIGTERM
-        stops it like Ctrl-C (finished episodes kept, unfinished ones dropped whole)."""
+        """As :func:`~tokengym.recorder.rollout`: the same episodes, seeds, groups and result layout;
+        SIGTERM stops it like Ctrl-C (finished episodes kept, unfinished ones dropped whole)."""
         ids = episode_ids(episodes)
+        planned = {t.episode: t for t in plan_tasks(ids, seed, sampling, group_size=group_size, tasks=tasks)}
         if concurrency < 1:
             raise ValueError(f"need concurrency >= 1, got {concurrency}")
         ray = import_ray()
@@ -364,7 +369,7 @@ class RayBackend:
             config = (base, seed, sampling_record(base, self._engine_info["name"], self._engine_info["logprob_kind"], seed))
             self._ensure_workers(make_env, env_kwargs, min(concurrency, len(ids)))
             startup = time.perf_counter() - t0
-            result = _Run(self, config, ids, on_episode, progress).drive()
+            result = _Run(self, config, planned, on_episode, progress).drive()
             result.stats.startup_s = startup
             clean = not result.interrupted
             return result
@@ -522,14 +527,15 @@ class _Run:
         self,
         backend: RayBackend,
         config: tuple[SamplingParams, int, dict[str, Any]],
-        episodes: list[int],
+        planned: dict[int, EpisodeTask],
         on_episode: Callable[[Trajectory], None] | None,
         progress: bool,
     ) -> None:
         self.b, self.ray = backend, backend._ray
         self.config = self.ray.put(config)
         self.on_episode = on_episode
-        self.queue: deque[int] = deque(episodes)
+        self.planned = planned
+        self.queue: deque[int] = deque(planned)
         # live workers' free slots; workers still starting wait in `starting` (their node-id reference)
         self.free = {w: backend._slots for w in backend._alive if isinstance(backend._nodes[w], str)}
         self.starting = {backend._nodes[w]: w for w in backend._alive if w not in self.free}
@@ -539,9 +545,9 @@ class _Run:
         self.replacements = backend.max_worker_replacements
         if self.replacements is None:
             self.replacements = len(backend._alive)
-        self.stats = RolloutStats(requested=len(episodes))
+        self.stats = RolloutStats(requested=len(planned))
         self.done: list[Trajectory] = []
-        self.bar = progress_bar(len(episodes), progress)
+        self.bar = progress_bar(len(planned), progress)
         self.start = time.perf_counter()
 
     def drive(self) -> RolloutResult:
@@ -593,7 +599,7 @@ class _Run:
             if self.free[worker] == 0 or self.load[engine] >= b._per_engine:
                 return
             episode = self.queue.popleft()
-            ref = b.workers[worker].run_episode.remote(episode, b.engines[engine], self.config)
+            ref = b.workers[worker].run_episode.remote(self.planned[episode], b.engines[engine], self.config)
             self.inflight[ref] = (episode, worker, engine)
             self.free[worker] -= 1
             self.load[engine] += 1

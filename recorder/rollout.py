@@ -33,6 +33,7 @@ from .episodes import (  # the shared names stay importable from here, where the
     EpisodeSlot,
     EpisodeTask,
     PolicyFactory,
+    plan_tasks,
     RolloutResult,
     RolloutStats,
     build_policy,
@@ -67,7 +68,7 @@ def rollout(
     make_env: Callable[[], gym.Env] | str,
     policy: Policy | PolicyFactory,
     *,
-    episodes: int | Sequence[int],
+    episodes: int | Sequence[int] | None = None,
     concurrency: int = 8,
     sampling: SamplingParams | None = None,
     seed: int = 0,
@@ -77,6 +78,8 @@ def rollout(
     backend: str | Any = "local",
     address: str | None = None,
     schedule: str = "async",
+    group_size: int = 1,
+    tasks: Sequence[dict[str, Any]] | None = None,
 ) -> RolloutResult:
     """Run ``episodes`` episodes, ``concurrency`` at a time, and return their trajectories.
 
@@ -91,6 +94,12 @@ def rollout(
         sampling: the base settings; each env's stop tokens and stop strings are added and
             ``max_tokens`` is clamped to the context the env has left.
         on_episode: called with each finished trajectory as it finishes (e.g. a store's ``write``).
+        group_size: episodes per task, for GRPO: episode ``i`` is in group ``i // group_size``,
+            whose episodes reset alike (seed ``seed + group``, the same ``tasks`` entry) and sample
+            with their own seeds; ``trajectory.metadata["group"]`` names the group.
+        tasks: reset options per group (``tasks[group % len(tasks)]``: cycled); with
+            ``episodes=None`` each task runs once (``len(tasks) * group_size`` episodes). Without
+            it the env picks each group's task from the group's seed.
         backend: ``"local"`` (the default: this process, no Ray), ``"ray"`` (env workers and
             policy engines as Ray actors, :class:`~tokengym.recorder.ray_backend.RayBackend` with
             its defaults), or a configured ``RayBackend``.
@@ -107,7 +116,7 @@ def rollout(
     env or the policy raised) does not stop the run: it is counted in ``stats.failed`` and
     described in ``stats.errors``.
     """
-    ids = episode_ids(episodes)
+    ids = _episodes_of(episodes, group_size, tasks)
     if concurrency < 1:
         raise ValueError(f"need concurrency >= 1, got {concurrency}")
     base = sampling or SamplingParams()
@@ -126,8 +135,8 @@ def rollout(
         if schedule != "async":
             raise ValueError("the Ray backend runs every episode at its own pace: schedule='lockstep' is local only")
         return backend.run(
-            make_env, policy, episodes=episodes, concurrency=concurrency, sampling=base, seed=seed,
-            env_kwargs=env_kwargs, on_episode=on_episode, progress=progress,
+            make_env, policy, episodes=ids, concurrency=concurrency, sampling=base, seed=seed,
+            env_kwargs=env_kwargs, on_episode=on_episode, progress=progress, group_size=group_size, tasks=tasks,
         )
     if schedule not in ("async", "lockstep"):
         raise ValueError(f'unknown schedule {schedule!r}: use "async" (the default) or "lockstep"')
@@ -138,13 +147,13 @@ def rollout(
     stats = RolloutStats(requested=len(ids))
     done: list[Trajectory] = []
     slots = [EpisodeSlot(RecordEpisodes(make_env(), keep=False, sampling=record)) for _ in range(min(concurrency, len(ids)))]
-    tasks = [EpisodeTask.of(i, seed, base) for i in ids]
+    planned = plan_tasks(ids, seed, base, group_size=group_size, tasks=tasks)
     bar = progress_bar(len(ids), progress)
     start = time.perf_counter()
     run = _async if schedule == "async" else _lockstep
     interrupted = False
     try:
-        interrupted = run(slots, tasks, base, policy, stats, lambda traj: record_finished(stats, traj, done, on_episode, bar), bar)
+        interrupted = run(slots, planned, base, policy, stats, lambda traj: record_finished(stats, traj, done, on_episode, bar), bar)
     finally:
         bar.close()
         stats.wall_s = time.perf_counter() - start
@@ -155,6 +164,22 @@ def rollout(
     stats.interrupted = interrupted
     done.sort(key=lambda t: t.metadata["episode"])
     return RolloutResult(done, stats, interrupted)
+
+
+def _episodes_of(
+    episodes: int | Sequence[int] | None, group_size: int, tasks: Sequence[dict[str, Any]] | None
+) -> list[int]:
+    """The run's episode indices: ``episodes`` (a count, whole groups; or indices), else each task once."""
+    if episodes is None:
+        if tasks is None:
+            raise TypeError("rollout() needs episodes= (a count or indices), or tasks= to run each task once")
+        return list(range(len(tasks) * group_size))
+    if isinstance(episodes, int) and group_size > 1 and episodes % group_size:
+        raise ValueError(
+            f"episodes={episodes} is not a multiple of group_size={group_size}: the last group would have "
+            f"{episodes % group_size} of its {group_size} members"
+        )
+    return episode_ids(episodes)
 
 
 def _failed(stats: RolloutStats, error: EpisodeError, bar: Any) -> None:
@@ -245,6 +270,9 @@ def summary_table(stats: RolloutStats) -> str:
         ("conformance", ", ".join(f"{k} {v}" for k, v in sorted(stats.conformance.items())) or "-"),
         ("throughput", f"{stats.tokens_per_s:.1f} policy tokens/s, {100 * stats.outside_engine_share:.0f}% of time outside the policy"),
     ]
+    if stats.group_rewards:
+        signal, n, of_one, equal = stats.group_signal()
+        rows.append(("groups", f"{signal} of {n} with signal ({of_one} of one member, {equal} with equal rewards)"))
     if stats.per_node:
         nodes = ", ".join(f"{node[:8]} {n}" for node, n in sorted(stats.per_node.items()))
         rows.append(("nodes", f"{len(stats.per_node)} ({nodes} episodes)"))

@@ -222,7 +222,10 @@ class TRLRollout:
             slots = self._slots_for(len(specs), trainer)
             tokenizer = getattr(slots[0].env.unwrapped, "tokenizer", None) or trainer.processing_class
             policy = HFPolicy(model, tokenizer, device=trainer.accelerator.device)
-            return self._play(specs, policy, trainer, seed, call)
+            try:
+                return self._play(specs, policy, trainer, seed, call)
+            finally:
+                policy.close()  # its decode loop's thread
         finally:
             model.train(was_training)
 
@@ -235,10 +238,12 @@ class TRLRollout:
                   "logprob_kind": getattr(policy, "logprob_kind", "none"), "seed": seed[0], "trl_call": call}
         for slot in slots:
             slot.env.sampling = record
+        groups = _groups(specs, getattr(getattr(trainer, "args", None), "num_generations", None))
         tasks = [
             EpisodeTask(
                 i, reset_seed, (*seed, call, i), options, budget if slot._limit is not None else None,
-                {"trl": {"call": call, "index": i, "seed": seed[0], "process": seed[1]}},
+                {"trl": {"call": call, "index": i, "seed": seed[0], "process": seed[1]},
+                 "group": f"{seed[1]}:{call}:{groups[i]}"},
             )
             for i, ((reset_seed, options), slot) in enumerate(zip(specs, slots))
         ]
@@ -272,6 +277,15 @@ class TRLRollout:
         for slot in self._slots:
             slot.env.close()
         self._slots = []
+
+
+def _groups(specs: list, num_generations: Any) -> list[int]:
+    """Each completion's group within one call: TRL repeats each prompt ``num_generations`` times in a
+    row and computes advantages over those runs; without that setting, copies of one prompt are a group."""
+    if isinstance(num_generations, int) and num_generations > 0 and len(specs) % num_generations == 0:
+        return [i // num_generations for i in range(len(specs))]
+    first: dict[str, int] = {}
+    return [first.setdefault(json.dumps(spec, sort_keys=True, default=str), i) for i, spec in enumerate(specs)]
 
 
 def trl_rollout_func(

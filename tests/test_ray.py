@@ -373,3 +373,14 @@ def test_an_engine_that_stays_dead_ends_the_run_with_a_clear_error(backend, env,
     assert [t.to_dict() for t in stored(tmp_path / "store")] == [t.to_dict() for t in kept]  # nothing recorded is lost
     assert all(t.num_turns == 2 for t in kept)
     assert backend.engines == [] and backend.workers == []
+
+
+@ray_test
+def test_groups_on_ray_are_the_local_groups(backend, env):
+    kwargs = dict(episodes=6, group_size=3, concurrency=6, seed=7, progress=False)
+    local = rollout(env, POLICY, **kwargs)
+    result = rollout(env, POLICY, backend=backend, **kwargs)
+    same(result.trajectories, local.trajectories)
+    assert [t.metadata["group"] for t in result.trajectories] == [0, 0, 0, 1, 1, 1]
+    assert [t.seed for t in result.trajectories] == [7, 7, 7, 8, 8, 8]
+    assert "groups" in summary_table(result.stats)

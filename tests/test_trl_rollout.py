@@ -22,6 +22,15 @@ def trainer(tokenizer, max_completion_length=256):
     return SimpleNamespace(args=args, processing_class=tokenizer)
 
 
+def test_groups_follow_the_trainers_num_generations(qwen25):
+    from tokengym.recorder.trl import _groups
+
+    specs = [parse_prompt(p) for p in trl_prompts(3, seed=0) for _ in range(2)]
+    assert _groups(specs, 2) == [0, 0, 1, 1, 2, 2]
+    assert _groups(specs, 3) == [0, 0, 0, 1, 1, 1]  # TRL's runs of num_generations, even over equal prompts
+    assert _groups(specs, None) == [0, 0, 2, 2, 4, 4]  # copies of one prompt
+
+
 def test_prompt_formats():
     assert parse_prompt('{"seed": 3}') == (3, {})
     assert parse_prompt(trl_prompts(1, seed=4, options={"difficulty": 2})[0]) == (4, {"difficulty": 2})
@@ -59,6 +68,8 @@ def test_one_episode_per_prompt_in_order(qwen25):
         assert out["env_mask"][i] == [1] * first + [0] * obs + [1] * second
         assert out["logprobs"][i] == [0.0] * len(out["completion_ids"][i])  # a scripted policy has none
         assert t.sampling["policy"] == "scripted" and t.metadata["trl"]["index"] == i
+    # The copies of a prompt are a group (here found as equal prompts: the trainer has no num_generations).
+    assert [t.metadata["group"] for t in trajs] == ["0:0:0", "0:0:0", "0:0:2", "0:0:2"]
     assert out["num_turns"] == [2] * 4 and out["stop_reason"] == ["done"] * 4
     assert env_reward(out["completion_ids"], out["env_reward"]) == [t.reward for t in trajs]
     # Text prompts are the conversation; the envs are reused from call to call.

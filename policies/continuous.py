@@ -1,0 +1,242 @@
+"""Continuous batching for :class:`~tokengym.policies.HFPolicy`: requests join and leave at every decode step.
+
+A batched ``generate`` call runs until its longest request is done, and a request that
+arrives meanwhile waits for all of it. With episodes at their own pace that is the common
+case, so :meth:`HFPolicy.agenerate` sends requests here instead: one thread owns the decode
+loop; at every step the requests that arrived are prefilled and join the running batch (their
+KV cache rows left-padded to its length), and finished requests leave it (their rows
+dropped, shared left padding trimmed). Each request keeps its own ``torch.Generator``, so it
+samples the same tokens as it would alone or in a batched ``generate``.
+
+Only caches made of plain full-attention layers can be joined this way; a model whose cache
+holds other layer kinds (sliding windows, static or quantized caches) gets an error that says
+so when it is first used here, and the driver's request queue (batched ``generate`` calls) is
+what to use for it: ``HFPolicy(..., continuous=False)``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .base import Generation, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ContinuousDecoder", "UnsupportedCache"]
+
+
+class UnsupportedCache(TypeError):
+    """The model's KV cache has layers whose rows cannot be joined between decode steps."""
+
+
+@dataclass
+class _Row:
+    context: list[int]
+    params: SamplingParams
+    future: Future
+    generator: Any = None
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+
+
+class ContinuousDecoder:
+    """The decode loop of one :class:`~tokengym.policies.HFPolicy`, on a thread of its own."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self._queue: queue.SimpleQueue[_Row | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.steps = 0
+        """Decode steps run (a step serves every running request at once)."""
+        self.max_batch = 0
+
+    def submit(self, context: list[int], params: SamplingParams) -> Future:
+        """Queue one request; the future gets its :class:`Generation`."""
+        row = _Row(context, params, Future())
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="tokengym-hf-decode", daemon=True)
+                self._thread.start()
+        self._queue.put(row)
+        return row.future
+
+    def close(self) -> None:
+        """Stop the loop after the requests it holds are done."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+    # ------------------------------------------------------------------ the loop
+    def _serve(self) -> None:
+        import torch
+
+        rows: list[_Row] = []
+        state: _Batch | None = None
+        stopping = False
+        while True:
+            waiting = self._take(block=not rows)
+            if None in waiting:
+                stopping = True
+                waiting = [r for r in waiting if r is not None]
+            try:
+                with torch.inference_mode():
+                    if waiting:
+                        joined, new = self._prefill(waiting)
+                        if joined:
+                            state = new if state is None else state.join(new)
+                            rows += joined
+                    if rows:
+                        assert state is not None
+                        keep = self._step(rows, state)
+                        if len(keep) < len(rows):
+                            rows = [rows[i] for i in keep]
+                            state = state.select(keep) if rows else None
+            except BaseException as err:  # a failed step fails the requests it held, not the loop
+                for r in rows + waiting:
+                    if not r.future.done():
+                        r.future.set_exception(err)
+                rows, state = [], None
+            if stopping and not rows:
+                return
+
+    def _take(self, block: bool) -> list[_Row | None]:
+        out: list[_Row | None] = []
+        if block:
+            out.append(self._queue.get())
+        while True:
+            try:
+                out.append(self._queue.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _prefill(self, rows: list[_Row]) -> tuple[list[_Row], _Batch | None]:
+        """Prefill new requests and sample their first tokens; those that go on, with their batch."""
+        import torch
+        from transformers import DynamicCache
+
+        p = self.policy
+        n, width = len(rows), max(len(r.context) for r in rows)
+        ids = torch.full((n, width), p.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r.context):] = torch.as_tensor(r.context, dtype=torch.long)
+            mask[i, width - len(r.context):] = 1
+            r.generator = p.generator(r.params)
+        ids, mask = ids.to(p.device), mask.to(p.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = p.forward(ids, mask, positions, cache)
+        _check_layers(cache)
+        batch = _Batch(cache, mask, positions[:, -1:], torch.zeros((n, 1), dtype=torch.long, device=p.device))
+        keep = self._sample(rows, logits, batch)
+        done_rows = [r for i, r in enumerate(rows) if i not in keep]
+        for r in done_rows:
+            self._resolve(r)
+        if not keep:
+            return [], None
+        return [rows[i] for i in keep], batch.select(keep) if len(keep) < n else batch
+
+    def _step(self, rows: list[_Row], batch: _Batch) -> list[int]:
+        """One decode step for every running request; the indices of those that go on."""
+        import torch
+
+        p = self.policy
+        self.steps += 1
+        self.max_batch = max(self.max_batch, len(rows))
+        batch.mask = torch.cat([batch.mask, torch.ones((len(rows), 1), dtype=batch.mask.dtype, device=p.device)], 1)
+        batch.positions = batch.positions + 1
+        logits = p.forward(batch.next_ids, batch.mask, batch.positions, batch.cache)
+        keep = self._sample(rows, logits, batch)
+        for i, r in enumerate(rows):
+            if i not in keep:
+                self._resolve(r)
+        return keep
+
+    def _sample(self, rows: list[_Row], logits: torch.Tensor, batch: _Batch) -> list[int]:
+        import torch
+
+        logprobs = torch.log_softmax(logits, dim=-1)
+        keep = []
+        for i, r in enumerate(rows):
+            tok = self.policy.pick(logits[i], r.params, r.generator)
+            batch.next_ids[i, 0] = tok
+            r.ids.append(tok)
+            r.logprobs.append(float(logprobs[i, tok]))
+            r.finish = self.policy._finished(r.ids, r.params)
+            if r.finish is None:
+                keep.append(i)
+        return keep
+
+    def _resolve(self, r: _Row) -> None:
+        if not r.future.done():
+            r.future.set_result(Generation(
+                np.array(r.ids), np.array(r.logprobs), r.finish or "length", self.policy.logprob_kind  # type: ignore[arg-type]
+            ))
+
+
+@dataclass
+class _Batch:
+    """The running requests' KV cache, attention mask, last positions and next input ids (one row each)."""
+
+    cache: Any
+    mask: Any
+    positions: Any
+    next_ids: Any
+
+    def select(self, keep: list[int]) -> _Batch:
+        """Only the rows ``keep``, with the left padding they all share trimmed."""
+        import torch
+
+        index = torch.as_tensor(keep, dtype=torch.long, device=self.mask.device)
+        mask = self.mask[index]
+        cut = int(torch.nonzero(mask.any(0))[0, 0]) if mask.numel() else 0
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[index, :, cut:, :]
+            layer.values = layer.values[index, :, cut:, :]
+        return _Batch(self.cache, mask[:, cut:], self.positions[index], self.next_ids[index])
+
+    def join(self, other: _Batch) -> _Batch:
+        """This batch's rows, then ``other``'s, left-padded to one length."""
+        import torch
+
+        width = max(self.mask.shape[1], other.mask.shape[1])
+
+        def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
+            missing = width - t.shape[dim]
+            if missing == 0:
+                return t
+            shape = list(t.shape)
+            shape[dim] = missing
+            return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([pad(mine.keys, 2), pad(theirs.keys, 2)], 0)
+            mine.values = torch.cat([pad(mine.values, 2), pad(theirs.values, 2)], 0)
+        return _Batch(
+            self.cache,
+            torch.cat([pad(self.mask, 1), pad(other.mask, 1)], 0),
+            torch.cat([self.positions, other.positions], 0),
+            torch.cat([self.next_ids, other.next_ids], 0),
+        )
+
+
+def _check_layers(cache: Any) -> None:
+    from transformers.cache_utils import DynamicLayer
+
+    kinds = {type(layer).__name__ for layer in getattr(cache, "layers", [None])}
+    if kinds != {DynamicLayer.__name__}:
+        raise UnsupportedCache(
+            f"continuous batching joins KV caches of full-attention layers (DynamicLayer); this model's cache "
+            f"has {sorted(kinds)}: use HFPolicy(..., continuous=False), whose batched generate calls work for it"
+        )

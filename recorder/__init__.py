@@ -4,9 +4,13 @@ import sys
 from typing import Any
 
 from .batches import (
+    GroupSignal,
+    GRPOAdvantages,
+    NoGroupSignalWarning,
     PackedBatch,
     VerlBatch,
     group_by_task,
+    group_signal,
     grpo_advantages,
     to_packed,
     to_trl,
@@ -15,11 +19,15 @@ from .batches import (
 from .rollout import EpisodeError, RolloutResult, RolloutStats, rollout, summary_table
 from .segments import Segment, SegmentKind
 from .store import TrajectoryWriter, read_table, read_trajectories, tokenizer_fingerprint
+from .training import policy_logprobs
 from .trajectory import Trajectory, summarize_conformance
 from .wrapper import RecordEpisodes
 
 __all__ = [
     "EpisodeError",
+    "GRPOAdvantages",
+    "GroupSignal",
+    "NoGroupSignalWarning",
     "PackedBatch",
     "RecordEpisodes",
     "RolloutResult",
@@ -29,7 +37,9 @@ __all__ = [
     "Trajectory",
     "VerlBatch",
     "group_by_task",
+    "group_signal",
     "grpo_advantages",
+    "policy_logprobs",
     "rollout",
     "summarize_conformance",
     "summary_table",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -11,12 +12,16 @@ import torch
 from tokengym.envs import ReplayEnv
 from tokengym.recorder import RecordEpisodes, Segment, SegmentKind, Trajectory
 from tokengym.recorder.batches import (
+    GroupSignal,
+    GRPOAdvantages,
+    NoGroupSignalWarning,
     PackedBatch,
     VerlBatch,
     from_packed,
     from_trl,
     from_verl,
     group_by_task,
+    group_signal,
     grpo_advantages,
     to_packed,
     to_trl,
@@ -323,7 +328,7 @@ def test_grpo_advantages_by_hand():
     eps = 1e-6
     adv = grpo_advantages(GROUPED, eps=eps)
     s = 0.5 / (0.5 + eps)
-    assert adv.dtype == np.float32 and adv.shape == (6,)
+    assert adv.advantages.dtype == np.float32 and adv.advantages.shape == (6,) and len(adv) == 6
     np.testing.assert_allclose(adv, [s, 0.0, -s, 0.0, 0.0, 0.0], rtol=1e-6)
     np.testing.assert_allclose(grpo_advantages(GROUPED, normalize_std=False), [0.5, 0, -0.5, 0, 0, 0])
     # Population std (ddof=0) for A: sqrt(1/6).
@@ -346,3 +351,96 @@ def test_advantages_broadcast_on_action_tokens(trajs):
         to_packed(trajs, advantages=adv[:2])
     g = grpo_advantages(GROUPED)
     assert to_verl(GROUPED, advantages=g).tensors["advantages"][0].tolist() == pytest.approx([g[0], g[0]])
+
+
+def sampled(group, reward, task="T"):
+    """One of G samples of a task, as rollout(..., group_size=G) labels them."""
+    return make([1], ([2, 3], [-0.1, -0.2], reward, None), task_id=task, group=group)
+
+
+def no_warning(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return fn(*args, **kwargs)
+
+
+def test_recorded_groups_are_the_default_key():
+    """Samples of one task in two rollout groups: the groups are compared within, not the task."""
+    trajs = [sampled(0, 1.0), sampled(1, 5.0), sampled(0, 3.0), sampled(1, 5.0), sampled(1, 8.0)]
+    assert group_by_task(trajs) == {0: [0, 2], 1: [1, 3, 4]}
+    adv = no_warning(grpo_advantages, trajs, eps=0.0)
+    g0, g1 = np.array([1.0, 3.0]), np.array([5.0, 5.0, 8.0])
+    expected = np.empty(5)
+    expected[[0, 2]] = (g0 - g0.mean()) / g0.std(ddof=1)
+    expected[[1, 3, 4]] = (g1 - g1.mean()) / g1.std(ddof=1)
+    np.testing.assert_allclose(adv.advantages, expected, rtol=1e-6)
+    assert adv.with_signal == (0, 1) and adv.singletons == adv.equal_reward == ()
+    assert adv.summary() == "groups with signal: 2 of 2 (0 of one member, 0 with equal rewards)"
+    # verl groups by uid: it is the same group.
+    assert to_verl(trajs).non_tensors["uid"].tolist() == [0, 1, 0, 1, 1]
+    # Without group labels the task is the group.
+    assert group_by_task([make([1], ([2], None, 0.0, None), task_id="T")] * 2) == {"T": [0, 1]}
+    # An explicit key still wins.
+    assert group_by_task(trajs, key=lambda t: t.metadata["task_id"]) == {"T": [0, 1, 2, 3, 4]}
+
+
+def test_groups_that_cannot_be_trusted_are_refused():
+    with pytest.raises(ValueError, match=r"1 of 3 trajectories \(e.g. 1\) have no metadata\['group'\]"):
+        group_by_task([sampled(0, 1.0), rewarded("A", 0.0), sampled(0, 2.0)])
+    with pytest.raises(ValueError, match="group 0 mixes tasks .*'A'.*'B'.*group ids restart"):
+        grpo_advantages([sampled(0, 1.0, task="A"), sampled(0, 2.0, task="B")])
+    with pytest.raises(ValueError, match=r"trajectory 0 has no group key .*rollout\(\.\.\., group_size=G\)"):
+        group_by_task([Trajectory(HAND[0].segments)])
+    with pytest.raises(ValueError, match="no trajectories"):
+        grpo_advantages([])
+    assert group_signal([]) == GroupSignal(0, 0, 0, 0)
+
+
+def test_groups_of_one_warn_with_the_fix():
+    """rollout(...) without groups: each episode its own group, every advantage 0."""
+    trajs = [sampled(i, float(i)) for i in range(4)]
+    with pytest.warns(NoGroupSignalWarning) as caught:
+        adv = grpo_advantages(trajs)
+    message = str(caught[0].message)
+    assert "groups with signal: 0 of 4 (4 of one member, 0 with equal rewards)" in message
+    assert "run G samples per task: rollout(..., group_size=G)" in message
+    assert "same reward" not in message
+    assert caught[0].filename == __file__  # points at the caller, not at the library
+    assert adv.singletons == (0, 1, 2, 3) and adv.with_signal == () and not adv.advantages.any()
+    assert group_signal(trajs) == adv.signal == GroupSignal(groups=4, with_signal=0, singletons=4, equal_reward=0)
+
+
+def test_equal_rewards_everywhere_warn_and_give_exact_zeros():
+    # 0.1 three times: its float mean is not 0.1, yet the advantages must be exactly 0.
+    trajs = [sampled(0, 0.1), sampled(0, 0.1), sampled(0, 0.1), sampled(1, 1.0), sampled(1, 1.0)]
+    for normalize_std in (True, False):
+        with pytest.warns(NoGroupSignalWarning, match="same reward has nothing to prefer") as caught:
+            adv = grpo_advantages(trajs, normalize_std=normalize_std, eps=0.0)
+        assert "0 of 2 (0 of one member, 2 with equal rewards)" in str(caught[0].message)
+        assert "rollout(..., group_size=G) with a larger G" in str(caught[0].message)
+        assert adv.equal_reward == (0, 1) and np.array_equal(adv.advantages, np.zeros(5, dtype=np.float32))
+    # Both causes at once name both fixes.
+    with pytest.warns(NoGroupSignalWarning) as caught:
+        grpo_advantages(trajs + [sampled(2, 3.0)])
+    message = str(caught[0].message)
+    assert "0 of 3 (1 of one member, 2 with equal rewards)" in message
+    assert "no baseline" in message and "nothing to prefer" in message
+
+
+def test_degenerate_groups_are_reported_beside_the_others():
+    """GROUPED: A has signal, B has equal rewards, C one member; no warning, the batch still teaches."""
+    adv = no_warning(grpo_advantages, GROUPED)
+    assert isinstance(adv, GRPOAdvantages)
+    assert adv.groups == {"A": [0, 2, 4], "B": [1, 5], "C": [3]}
+    assert (adv.with_signal, adv.equal_reward, adv.singletons) == (("A",), ("B",), ("C",))
+    assert adv.summary() == "groups with signal: 1 of 3 (1 of one member, 1 with equal rewards)"
+    assert group_signal(GROUPED) == adv.signal == GroupSignal(3, 1, 1, 1)
+    assert group_signal(GROUPED).summary() == adv.summary()
+    # It reads as the array of advantages wherever one was used.
+    assert np.asarray(adv).dtype == np.float32 and np.array_equal(np.asarray(adv), adv.advantages)
+    assert [float(a) for a in adv] == adv.advantages.tolist() and adv[0] == adv.advantages[0]
+    assert np.asarray(adv, dtype=np.float64).dtype == np.float64
+    assert torch.equal(
+        to_verl(GROUPED, advantages=adv).tensors["advantages"],
+        to_verl(GROUPED, advantages=adv.advantages).tensors["advantages"],
+    )

@@ -131,7 +131,7 @@ def test_grpo_advantages_match_verl(recorded, data):
     adv, returns = core_algos.compute_grpo_outcome_advantage(
         data.batch["token_level_rewards"], data.batch["response_mask"], data.non_tensor_batch["uid"]
     )
-    ours = torch.from_numpy(grpo_advantages(trajs))
+    ours = torch.from_numpy(grpo_advantages(trajs).advantages)
     mask = data.batch["response_mask"].float()
     torch.testing.assert_close(adv, ours[:, None] * mask, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(returns, adv)
@@ -147,7 +147,7 @@ def test_grpo_advantages_match_verl(recorded, data):
         data.batch["token_level_rewards"], data.batch["response_mask"], data.non_tensor_batch["uid"],
         norm_adv_by_std_in_grpo=False,
     )
-    ours_dr = torch.from_numpy(grpo_advantages(trajs, normalize_std=False))
+    ours_dr = torch.from_numpy(grpo_advantages(trajs, normalize_std=False).advantages)
     torch.testing.assert_close(adv_dr, ours_dr[:, None] * mask, rtol=1e-5, atol=1e-6)
 
 
@@ -162,7 +162,7 @@ def test_a_group_of_one_is_where_verl_and_tokengym_differ(recorded):
     )
     ours = grpo_advantages(lone)
     row = adv[1][data.batch["response_mask"][1].bool()]
-    assert ours[1] == 0.0
+    assert ours[1] == 0.0 and ours.singletons == ("group-1",)  # and tokengym says so
     torch.testing.assert_close(row, torch.full_like(row, lone[1].reward / (1 + 1e-6)))
     torch.testing.assert_close(adv[[0, 2]], torch.from_numpy(ours[[0, 2]])[:, None] * data.batch["response_mask"][[0, 2]])
 

@@ -482,6 +482,13 @@ class GroupSignal:
     singletons: int  # groups of one member
     equal_reward: int  # groups of two or more members whose rewards are all equal
 
+    @classmethod
+    def of_rewards(cls, rewards: Mapping[Any, Sequence[float]]) -> GroupSignal:
+        """The counts for each group's list of returns (what a run's statistics keep)."""
+        singletons = sum(len(r) == 1 for r in rewards.values())
+        equal = sum(len(r) > 1 and max(r) == min(r) for r in rewards.values())
+        return cls(len(rewards), len(rewards) - singletons - equal, singletons, equal)
+
     def summary(self) -> str:
         """One line for a log or a summary table."""
         return (

@@ -21,6 +21,7 @@ import numpy as np
 
 from tokengym.policies import Generation, Policy, SamplingParams
 
+from .batches import GroupSignal
 from .stopping import uninterrupted
 from .trajectory import Trajectory
 from .wrapper import RecordEpisodes
@@ -131,13 +132,10 @@ class RolloutStats:
     group_rewards: dict[Any, list[float]] = field(default_factory=dict)
     """The returns of each group's finished episodes (runs with ``group_size`` or ``tasks``)."""
 
-    def group_signal(self) -> tuple[int, int, int, int]:
-        """``(with_signal, groups, of_one, equal)``: groups whose returns differ (a GRPO advantage
-        that is not zero), all groups, groups with one finished member, groups with equal returns."""
-        of_one = sum(len(r) == 1 for r in self.group_rewards.values())
-        equal = sum(len(r) > 1 and max(r) == min(r) for r in self.group_rewards.values())
-        n = len(self.group_rewards)
-        return n - of_one - equal, n, of_one, equal
+    def group_signal(self) -> GroupSignal:
+        """How many of the run's groups have a learning signal (returns that differ: a GRPO advantage
+        that is not zero), as :func:`~tokengym.recorder.batches.group_signal` counts them."""
+        return GroupSignal.of_rewards(self.group_rewards)
 
     @property
     def mean_reward(self) -> float:
@@ -192,7 +190,7 @@ class RolloutStats:
             "engine_restarts": self.engine_restarts,
             "startup_s": self.startup_s,
             "groups": len(self.group_rewards),
-            "groups_with_signal": self.group_signal()[0],
+            "groups_with_signal": self.group_signal().with_signal,
         }
 
 

@@ -271,8 +271,7 @@ def summary_table(stats: RolloutStats) -> str:
         ("throughput", f"{stats.tokens_per_s:.1f} policy tokens/s, {100 * stats.outside_engine_share:.0f}% of time outside the policy"),
     ]
     if stats.group_rewards:
-        signal, n, of_one, equal = stats.group_signal()
-        rows.append(("groups", f"{signal} of {n} with signal ({of_one} of one member, {equal} with equal rewards)"))
+        rows.append(("grpo", stats.group_signal().summary()))
     if stats.per_node:
         nodes = ", ".join(f"{node[:8]} {n}" for node, n in sorted(stats.per_node.items()))
         rows.append(("nodes", f"{len(stats.per_node)} ({nodes} episodes)"))

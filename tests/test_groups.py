@@ -12,7 +12,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from tokengym.envs import CalculatorEnv, ChatEnv, Prompt
 from tokengym.policies import HFPolicy, SamplingParams, ScriptedPolicy
-from tokengym.recorder import TrajectoryWriter, read_trajectories, rollout, summary_table
+from tokengym.recorder import GroupSignal, TrajectoryWriter, group_signal, read_trajectories, rollout, summary_table
 from tokengym.recorder.cli import main
 
 
@@ -44,9 +44,10 @@ def test_a_group_shares_its_task_and_samples_on_its_own(tiny_policy, qwen25):
         assert len({t.metadata["task_id"] for t in group}) == 1
         assert len({tuple(t.token_ids.tolist()) for t in group}) > 1  # the samples differ
     assert prompt_of(trajs[0]) != prompt_of(trajs[4])  # and the groups' tasks differ
-    signal, n, of_one, equal = r.stats.group_signal()
-    assert n == 2 and signal + of_one + equal == 2 and of_one == 0
-    assert "groups" in summary_table(r.stats) and f"{signal} of 2 with signal" in summary_table(r.stats)
+    signal = r.stats.group_signal()
+    assert signal.groups == 2 and signal.singletons == 0
+    assert signal == group_signal(trajs)  # the run's count is the batch's
+    assert f"groups with signal: {signal.with_signal} of 2" in summary_table(r.stats)
 
 
 def test_tasks_from_a_list_each_once_or_cycled(qwen25):
@@ -61,8 +62,8 @@ def test_tasks_from_a_list_each_once_or_cycled(qwen25):
     cids = [t.metadata["task_id"] for t in cycled.trajectories]
     assert cids[6:10] == ids[0:4]
     # Equal rewards in every group: no signal, said so.
-    assert once.stats.group_signal() == (0, 3, 0, 3)
-    assert "0 of 3 with signal (0 of one member, 3 with equal rewards)" in summary_table(once.stats)
+    assert once.stats.group_signal() == GroupSignal(groups=3, with_signal=0, singletons=0, equal_reward=3)
+    assert "groups with signal: 0 of 3 (0 of one member, 3 with equal rewards)" in summary_table(once.stats)
 
 
 def test_bad_group_settings_are_named(qwen25):
@@ -115,7 +116,7 @@ def test_the_store_and_the_cli_keep_groups(qwen25, tmp_path, capsys):
     assert main(argv) == 0
     stored = list(read_trajectories(out))
     assert [t.metadata["group"] for t in stored] == [0, 0, 0, 1, 1, 1]
-    assert "groups" in capsys.readouterr().out
+    assert "groups with signal" in capsys.readouterr().out
     # The same command again: everything is stored; with other groups it is refused.
     assert main(argv) == 0 and "already holds all 6" in capsys.readouterr().out
     assert main([*argv[:-5], "--group-size", "2", "--out", str(out), "--quiet"]) == 2

@@ -383,4 +383,4 @@ def test_groups_on_ray_are_the_local_groups(backend, env):
     same(result.trajectories, local.trajectories)
     assert [t.metadata["group"] for t in result.trajectories] == [0, 0, 0, 1, 1, 1]
     assert [t.seed for t in result.trajectories] == [7, 7, 7, 8, 8, 8]
-    assert "groups" in summary_table(result.stats)
+    assert "groups with signal" in summary_table(result.stats)

@@ -211,7 +211,10 @@ def main() -> None:
         tiny_model(tok, folder)
         policy = make_policy(kind, folder, tok)
         try:
-            run_tokengym(policy, tok, workload("uniform", 4, 99), 4, "async")  # warm-up
+            warm = workload("uniform", 4, 99)  # warm-up: every driver once (first-use costs of each thread)
+            run_tokengym(policy, tok, warm, 4, "async")
+            run_tokengym(policy, tok, warm, 4, "lockstep")
+            run_messages_in(policy, tok, warm, 4)
             for name in args.workloads.split(","):
                 tasks = workload(name, args.episodes)
                 rows: dict[str, list[dict[str, Any]]] = {"tokengym async": [], "tokengym lock-step": [], "messages-in": []}

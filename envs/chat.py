@@ -32,6 +32,7 @@ from .conformance import (
     next_scheduled,
 )
 from .render import ChatRenderer, Message
+from .stop_strings import check_stop_strings, ends_with_stop_string
 
 __all__ = ["AssistantTurn", "ChatEnv", "EnvResponse", "Prompt", "token_space"]
 
@@ -161,7 +162,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self.max_context_tokens = max_context_tokens
         self.reset_seed: int | None = None
         self.max_action_tokens = max_action_tokens
-        self.stop_strings = tuple(stop_strings)
+        self.stop_strings = check_stop_strings(stop_strings)
         self.conformance_mode: ConformanceMode = conformance
         self.conformance_schedule: ConformanceSchedule = conformance_schedule
         self.render_mode = render_mode
@@ -378,10 +379,8 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             return ids[: -len(end)], "end_of_turn"
         if int(ids[-1]) in self.renderer.stop_token_ids:
             return ids[:-1], "eos"
-        if self.stop_strings:
-            tail = self.renderer.decode(ids[-64:])
-            if any(tail.endswith(s) for s in self.stop_strings):
-                return ids, "stop_string"
+        if ends_with_stop_string(ids, self.stop_strings, self.renderer.tokenizer):
+            return ids, "stop_string"
         return ids, "none"
 
     def _check(self, turn: int, *, final: bool) -> Conformance:

@@ -210,8 +210,10 @@ class HFPolicy:
         if out[-1] in p.stop_token_ids:
             return "stop"
         if p.stop_strings:
-            tail = self.tokenizer.decode(out[-16:], skip_special_tokens=False)
-            if any(tail.endswith(s) for s in p.stop_strings):
+            # The env's own check, imported here so that importing tokengym.policies does not load tokengym.envs.
+            from tokengym.envs.stop_strings import ends_with_stop_string
+
+            if ends_with_stop_string(out, p.stop_strings, self.tokenizer):
                 return "stop_string"
         if len(out) >= p.max_tokens:
             return "length"

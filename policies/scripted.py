@@ -61,8 +61,10 @@ class ScriptedPolicy:
             if len(ids) > p.max_tokens:
                 ids, finish = ids[: p.max_tokens], "length"
             elif ids[-1] not in p.stop_token_ids and p.stop_strings and self.tokenizer is not None:
-                tail = self.tokenizer.decode(ids[-16:])
-                if any(tail.endswith(s) for s in p.stop_strings):
+                # The env's own check, imported here so that importing tokengym.policies does not load tokengym.envs.
+                from tokengym.envs.stop_strings import ends_with_stop_string
+
+                if ends_with_stop_string(ids, p.stop_strings, self.tokenizer):
                     finish = "stop_string"
             out.append(Generation(np.array(ids), None, finish, self.logprob_kind))  # type: ignore[arg-type]
         return out

@@ -1,22 +1,19 @@
-"""Look inside a trajectory store: a summary, and one episode's tokens in colour.
+"""``tokengym inspect``: what a trajectory store holds, and one episode's tokens in colour.
 
 ``tokengym inspect PATH`` prints what a store holds (episodes, tokens, reward
 statistics, turns, stop reasons, chat-template conformance, env ids, tokenizer) and
 then one trajectory as the exact token stream the policy saw, decoded segment by
-segment: policy tokens (mask 1) in green, the prompt in grey and observation tokens
-(mask 0) in blue, with a badge at the start of every turn. ``--html FILE`` writes the
-same view as a self-contained HTML page.
+segment (the views of :mod:`tokengym.recorder.views`). ``--html FILE`` writes the same
+view as a self-contained HTML page.
 
 In a notebook::
 
-    from tokengym.recorder.inspect import summarize_store, view
+    from tokengym.recorder.inspect import summarize_store
+    from tokengym.recorder.views import view
     summarize_store("runs/grpo-0")
     view(traj, tokenizer)          # displays as coloured HTML (``_repr_html_``)
 
-The text view is plain ANSI (no terminal library needed). With the badges left out
-(``markers=False``) and the colour codes stripped, it is exactly
-``tokenizer.decode(traj.token_ids, skip_special_tokens=False)``: nothing is re-rendered
-or hidden, special tokens included.
+The views are importable from here too (``from tokengym.recorder.inspect import view``).
 """
 
 from __future__ import annotations
@@ -24,10 +21,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import html
 import json
 import os
-import re
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -37,7 +32,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .segments import SegmentKind
 from .store import (
     MANIFEST_NAME,
     SCHEMA_VERSION,
@@ -49,26 +43,38 @@ from .store import (
     shard_paths,
 )
 from .trajectory import Trajectory
+from .views import (
+    ANSI_COLORS,
+    HTML_COLORS,
+    TrajectoryView,
+    render_legend_text,
+    render_trajectory_html,
+    render_trajectory_text,
+    render_turn_table,
+    segment_texts,
+    strip_ansi,
+    view,
+)
 
 __all__ = [
+    "add_inspect_parser",
+    "cmd_inspect",
+    "format_summary",
+    "main",
+    "summarize_store",
+    # the views (tokengym.recorder.views), importable from here as before
     "ANSI_COLORS",
     "HTML_COLORS",
     "TrajectoryView",
-    "add_inspect_parser",
-    "cmd_inspect",
+    "render_legend_text",
     "render_trajectory_html",
     "render_trajectory_text",
+    "render_turn_table",
+    "segment_texts",
     "strip_ansi",
-    "summarize_store",
     "view",
 ]
 
-#: SGR codes of the text view, per segment kind (and for the turn badges).
-ANSI_COLORS = {"prompt": "90", "action": "32", "observation": "34", "turn": "30;43"}
-#: Text colours of the HTML view, per segment kind (and for the turn badges' background).
-HTML_COLORS = {"prompt": "#6b7280", "action": "#15803d", "observation": "#1d4ed8", "turn": "#fde68a"}
-
-_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 _SUMMARY_COLUMNS = [
     "mask",
     "logprobs",
@@ -79,11 +85,6 @@ _SUMMARY_COLUMNS = [
     "conformance_summary",
 ]
 _CONF_KEYS = ("turns_checked", "ok", "known", "mismatch", "deferred", "episodes_with_mismatch")
-
-
-def strip_ansi(text: str) -> str:
-    """``text`` without ANSI colour codes."""
-    return _ANSI_RE.sub("", text)
 
 
 # ---------------------------------------------------------------------- summary
@@ -255,196 +256,6 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
-# -------------------------------------------------------------------- rendering
-def _hf_tokenizer(tokenizer: Any) -> Any:
-    """An object with ``decode``: a tokenizer, a ChatRenderer's tokenizer, or one loaded by name."""
-    if isinstance(tokenizer, (str, os.PathLike)):
-        from tokengym.envs import load_tokenizer
-
-        return load_tokenizer(tokenizer)
-    inner = getattr(tokenizer, "tokenizer", None)  # a ChatRenderer
-    if not hasattr(tokenizer, "decode") and inner is not None:
-        return inner
-    if not hasattr(tokenizer, "decode"):
-        raise TypeError(f"expected a tokenizer with decode(), got {type(tokenizer).__name__}")
-    return tokenizer
-
-
-def segment_texts(traj: Trajectory, tokenizer: Any) -> list[str]:
-    """The decoded text of each segment; their concatenation is the decode of the whole stream.
-
-    Segments are decoded one by one; if a character's bytes straddle a segment boundary
-    (a byte-level token split), the boundary moves to the character's end instead of
-    showing two replacement characters, so the joined text is exact.
-    """
-    tok = _hf_tokenizer(tokenizer)
-
-    def dec(ids: np.ndarray) -> str:
-        return tok.decode(ids.tolist(), skip_special_tokens=False)
-
-    texts = [dec(s.token_ids) for s in traj.segments]
-    full = dec(traj.token_ids)
-    if "".join(texts) == full:
-        return texts
-    cuts = [0]
-    for b in traj.offsets[1:-1]:
-        prefix = dec(traj.token_ids[: int(b)])
-        while prefix and not full.startswith(prefix):
-            prefix = prefix[:-1]  # a trailing replacement character of a split character
-        cuts.append(max(len(prefix), cuts[-1]))
-    cuts.append(len(full))
-    return [full[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
-
-
-def _badge(traj: Trajectory, turn: int) -> str:
-    a = traj.actions[turn]
-    lp = "" if a.logprobs is not None else " · no logprobs"
-    return f"⟦turn {turn} · reward {a.reward:.4g}{lp}⟧"
-
-
-def render_trajectory_text(
-    traj: Trajectory, tokenizer: Any, color: bool = True, *, markers: bool = True, escape_controls: bool = False
-) -> str:
-    """The episode's token stream as text, coloured by segment with ANSI codes.
-
-    Policy tokens (mask 1) are green, the prompt grey, observations (mask 0) blue. With
-    ``markers``, a badge ``⟦turn N · reward R⟧`` (black on yellow) precedes each turn's
-    action. Every segment is decoded with ``skip_special_tokens=False``, so template
-    tokens such as ``<|im_end|>`` show; with ``markers=False``, ``strip_ansi`` of the
-    result equals the decode of ``traj.token_ids``.
-
-    Args:
-        traj: the trajectory.
-        tokenizer: a Hugging Face tokenizer, a ChatRenderer, or a name for ``load_tokenizer``.
-        color: emit ANSI colour codes.
-        markers: emit the turn badges.
-        escape_controls: show control characters other than newline and tab (a model can
-            generate an escape sequence) as visible symbols (``␛`` for ESC, ``\x9b`` as
-            ``<0x9b>``) instead of sending them to the terminal. The text is then no
-            longer the exact decode.
-    """
-    out = []
-    for seg, text in zip(traj.segments, segment_texts(traj, tokenizer)):
-        if markers and seg.kind is SegmentKind.ACTION:
-            out.append(_paint(_badge(traj, seg.turn), ANSI_COLORS["turn"], color))
-        if escape_controls:
-            text = _CONTROL_RE.sub(_control_picture, text)
-        out.append(_paint(text, ANSI_COLORS[seg.kind.value], color))
-    return "".join(out)
-
-
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def _control_picture(m: re.Match[str]) -> str:
-    c = ord(m.group())
-    if c < 0x20:
-        return chr(0x2400 + c)  # the Unicode "control pictures" block: ␀ ... ␟
-    return "␡" if c == 0x7F else f"<0x{c:02x}>"
-
-
-def _paint(text: str, code: str, color: bool) -> str:
-    if not color:
-        return text
-    # Colour each line on its own so that pagers (less -R) and grep keep it per line.
-    return "\n".join(f"\x1b[{code}m{line}\x1b[0m" if line else "" for line in text.split("\n"))
-
-
-_CSS = """
-.tokengym-trajectory { font-family: ui-sans-serif, system-ui, sans-serif; font-size: 13px; }
-.tokengym-trajectory .tg-head { margin: 0 0 6px 0; }
-.tokengym-trajectory .tg-legend span { margin-right: 12px; }
-.tokengym-trajectory pre.tg-stream { white-space: pre-wrap; word-break: break-word; line-height: 1.45;
-  font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12px;
-  background: #f9fafb; color: #111827; border: 1px solid #e5e7eb; border-radius: 6px; padding: 8px; }
-.tokengym-trajectory .tg-prompt { color: %(prompt)s; }
-.tokengym-trajectory .tg-action { color: %(action)s; background: #f0fdf4; }
-.tokengym-trajectory .tg-observation { color: %(observation)s; }
-.tokengym-trajectory .tg-turn { background: %(turn)s; color: #111827; border-radius: 3px; padding: 0 4px;
-  margin-right: 2px; font-size: 11px; }
-""" % HTML_COLORS
-
-
-def render_trajectory_html(traj: Trajectory, tokenizer: Any, *, document: bool = False) -> str:
-    """The episode as self-contained HTML (inline CSS, no scripts or external resources).
-
-    Each segment is one ``<span class="tg-{kind}">`` (``tg-prompt``, ``tg-action``,
-    ``tg-observation``) with an inline ``style="color:..."`` (so it stays coloured where
-    ``<style>`` is stripped) and ``data-kind``, ``data-turn``, ``data-start``,
-    ``data-end`` (token offsets) and ``data-mask``. Each action is preceded by a
-    ``<span class="tg-turn">`` badge. All text is HTML-escaped (``<|im_end|>`` shows as text).
-
-    Args:
-        document: a whole ``<!DOCTYPE html>`` page (for a file) instead of a fragment
-            (for a notebook cell).
-    """
-    texts = segment_texts(traj, tokenizer)
-    offsets = traj.offsets
-    parts = []
-    for i, (seg, text) in enumerate(zip(traj.segments, texts)):
-        kind = seg.kind.value
-        if seg.kind is SegmentKind.ACTION:
-            parts.append(
-                f'<span class="tg-turn" data-turn="{seg.turn}" style="background:{HTML_COLORS["turn"]}">'
-                f"{html.escape(_badge(traj, seg.turn))}</span>"
-            )
-        mask = 1 if seg.kind is SegmentKind.ACTION else 0
-        parts.append(
-            f'<span class="tg-{kind}" data-kind="{kind}" data-turn="{seg.turn}" data-start="{int(offsets[i])}" '
-            f'data-end="{int(offsets[i + 1])}" data-mask="{mask}" style="color:{HTML_COLORS[kind]}">'
-            f"{html.escape(text)}</span>"
-        )
-    m = traj.mask
-    head = (
-        f"{html.escape(str(traj.env_id))} · seed {html.escape(str(traj.seed))} · {len(traj):,} tokens "
-        f"({int(m.sum()):,} policy) · {traj.num_turns} turns · reward {traj.reward:.4g} · "
-        f"stop reason {html.escape(str(traj.stop_reason))}"
-    )
-    legend = "".join(
-        f'<span style="color:{HTML_COLORS[k]}">■ {label}</span>'
-        for k, label in (
-            ("action", "policy (mask 1)"),
-            ("prompt", "prompt (mask 0)"),
-            ("observation", "observation (mask 0)"),
-        )
-    )
-    fragment = (
-        f'<div class="tokengym-trajectory"><style>{_CSS}</style>'
-        f'<div class="tg-head">{head}</div><div class="tg-legend">{legend}</div>'
-        f'<pre class="tg-stream">{"".join(parts)}</pre></div>'
-    )
-    if not document:
-        return fragment
-    title = html.escape(f"tokengym trajectory: {traj.env_id} seed {traj.seed}")
-    return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title></head>'
-        f"<body>{fragment}</body></html>\n"
-    )
-
-
-class TrajectoryView:
-    """A trajectory with its tokenizer, shown coloured by a notebook (``_repr_html_``) or ``print``."""
-
-    def __init__(self, traj: Trajectory, tokenizer: Any) -> None:
-        self.trajectory = traj
-        self.tokenizer = _hf_tokenizer(tokenizer)
-
-    def _repr_html_(self) -> str:
-        return render_trajectory_html(self.trajectory, self.tokenizer)
-
-    def __str__(self) -> str:
-        return render_trajectory_text(self.trajectory, self.tokenizer, color=False)
-
-    def __repr__(self) -> str:
-        t = self.trajectory
-        return f"TrajectoryView(env_id={t.env_id!r}, seed={t.seed!r}, tokens={len(t)}, turns={t.num_turns})"
-
-
-def view(traj: Trajectory, tokenizer: Any) -> TrajectoryView:
-    """``view(traj, tok)`` as a notebook cell's last line shows the coloured episode."""
-    return TrajectoryView(traj, tokenizer)
-
-
 # -------------------------------------------------------------------------- CLI
 def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``inspect`` sub-command to ``parser.add_subparsers(...)``; returns its parser."""
@@ -529,16 +340,6 @@ def _pick(path: str, index: int, total: int) -> Trajectory:
     raise StoreError(f"{path}: episode {index} not found")  # pragma: no cover - summary and shards disagree
 
 
-def _turn_table(traj: Trajectory) -> str:
-    rows = [["turn", "action tokens", "observation tokens", "reward", "logprobs"]]
-    obs = {s.turn: len(s) for s in traj.segments if s.kind is SegmentKind.OBSERVATION}
-    for a in traj.actions:
-        lp = "yes" if a.logprobs is not None else "no"
-        rows.append([str(a.turn), str(len(a)), str(obs.get(a.turn, 0)), f"{a.reward:.4g}", lp])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
-
-
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Run ``tokengym inspect``. Exit status: 0 shown; 2 not a readable store, bad ``--episode``,
     tokenizer that cannot be loaded, or an ``--html`` file that cannot be written (message on stderr)."""
@@ -579,19 +380,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 raise ValueError(f"--html needs a tokenizer to decode the tokens: {note}")
         else:
             color = _use_color(args)
-            legend = " · ".join(
-                _paint(label, ANSI_COLORS[k], color)
-                for k, label in (
-                    ("action", "policy tokens (mask 1)"),
-                    ("prompt", "prompt (mask 0)"),
-                    ("observation", "observations (mask 0)"),
-                    ("turn", "⟦turn start⟧"),
-                )
-            )
-            print(legend + "\n")
+            print(render_legend_text(color) + "\n")
             print(render_trajectory_text(traj, tok, color=color, escape_controls=True))
         print()
-        print(_turn_table(traj))
+        print(render_turn_table(traj))
         if args.html:
             out = Path(args.html)
             out.write_text(render_trajectory_html(traj, tok, document=True), encoding="utf-8")

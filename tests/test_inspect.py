@@ -22,7 +22,9 @@ from tokengym.recorder.inspect import (
     cmd_inspect,
     format_summary,
     render_trajectory_html,
+    render_legend_text,
     render_trajectory_text,
+    render_turn_table,
     segment_texts,
     strip_ansi,
     summarize_store,
@@ -207,6 +209,34 @@ class Spans(HTMLParser):
     def handle_data(self, data):
         if self._open is not None:
             self._text.append(data)
+
+
+def test_turn_table_and_legend(store, tokenizer):
+    _, trajs = store
+    t = trajs[3]  # recorded without logprobs
+    rows = render_turn_table(t).splitlines()
+    assert rows[0].split()[:2] == ["turn", "action"] and len(rows) == t.num_turns + 1
+    obs = {s.turn: len(s) for s in t.segments if s.kind is SegmentKind.OBSERVATION}
+    for row, a in zip(rows[1:], t.actions):
+        assert row.split() == [str(a.turn), str(len(a)), str(obs.get(a.turn, 0)), f"{a.reward:.4g}", "no"]
+    legend = render_legend_text(color=True)
+    assert strip_ansi(legend) == render_legend_text(color=False)
+    painted = {code: chunk for code, chunk in PAINTED_RE.findall(legend)}
+    assert painted == {
+        ANSI_COLORS["action"]: "policy tokens (mask 1)",
+        ANSI_COLORS["prompt"]: "prompt (mask 0)",
+        ANSI_COLORS["observation"]: "observations (mask 0)",
+        ANSI_COLORS["turn"]: "⟦turn start⟧",
+    }
+
+
+def test_views_have_their_own_module_and_stay_importable_from_inspect():
+    import tokengym.recorder.inspect as inspect_module
+    import tokengym.recorder.views as views
+
+    assert views.__all__ and set(views.__all__) <= set(inspect_module.__all__)
+    for name in views.__all__:
+        assert getattr(inspect_module, name) is getattr(views, name), name
 
 
 def test_html_has_every_segment_with_its_class_and_colour_escaped(store, tokenizer):

@@ -12,6 +12,7 @@ impossible to use, test or install alone.
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,3 +215,14 @@ def test_the_checks_find_a_cycle_and_an_upward_import(tmp_path):
     assert cycles(edges) == [["tokengym.envs.b", "tokengym.envs.c"]]
     assert cycles([e for e in edges if e.line != 4]) == []
     assert "tokengym.policies -> tokengym.envs.b (line 1)" in map(str, edges)  # ``from pkg import module``
+
+
+def test_the_architecture_doc_names_these_layers_and_files_that_exist():
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    top = ", ".join(t.removeprefix("tokengym.") for t in TOP)
+    order = "  ←  ".join([*(p.removeprefix("tokengym.") for p in LAYERS[:-1]), top])
+    assert order in doc, f"docs/architecture.md should show the layers as: {order}"
+    paths = set(re.findall(r"`((?:envs|policies|recorder|tests)/[\w/]+\.py)`", doc))
+    assert len(paths) >= 10
+    missing = sorted(p for p in paths if not (ROOT / p).is_file())
+    assert not missing, f"docs/architecture.md names files that do not exist: {missing}"

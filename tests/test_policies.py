@@ -93,6 +93,17 @@ def test_stop_strings_end_generation(policy, qwen3):
     assert got.finish_reason == "stop_string" and len(got.token_ids) <= 3
 
 
+def test_stop_strings_spelled_by_many_tokens_end_generation(policy, qwen3):
+    # The env's check (tokengym.envs.stop_strings): a stop string of 18 tokens, longer than
+    # the 16-token tail this adapter once decoded, still ends generation.
+    stop = "𓀀𓀁𓀂𓀃𓀄𓀅"
+    out = qwen3.encode("Say " + stop, add_special_tokens=False)
+    assert len(qwen3.encode(stop, add_special_tokens=False)) > 16
+    sp = SamplingParams(max_tokens=100, stop_strings=(stop,))
+    assert policy._finished(out, sp) == "stop_string"
+    assert policy._finished(out[:-1], sp) is None
+
+
 def test_filters_keep_the_right_tokens():
     logits = torch.tensor([0.0, 1.0, 2.0, 3.0])
     assert torch.isinf(_filter_logits(logits, SamplingParams(top_k=2))).tolist() == [True, True, False, False]

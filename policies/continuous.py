@@ -89,26 +89,36 @@ class ContinuousDecoder:
             if None in waiting:
                 stopping = True
                 waiting = [r for r in waiting if r is not None]
-            try:
-                with torch.inference_mode():
-                    if waiting:
-                        joined, new = self._prefill(waiting)
-                        if joined:
-                            state = new if state is None else state.join(new)
-                            rows += joined
-                    if rows:
-                        assert state is not None
+            with torch.inference_mode():
+                for joined, new in self._admit(waiting):
+                    state = new if state is None else state.join(new)
+                    rows += joined
+                if rows:
+                    assert state is not None
+                    try:
                         keep = self._step(rows, state)
-                        if len(keep) < len(rows):
-                            rows = [rows[i] for i in keep]
-                            state = state.select(keep) if rows else None
-            except BaseException as err:  # a failed step fails the requests it held, not the loop
-                for r in rows + waiting:
-                    if not r.future.done():
-                        r.future.set_exception(err)
-                rows, state = [], None
+                    except BaseException as err:  # a failed step fails the requests it held, not the loop
+                        _fail(rows, err)
+                        rows, state = [], None
+                        continue
+                    if len(keep) < len(rows):
+                        rows = [rows[i] for i in keep]
+                        state = state.select(keep) if rows else None
             if stopping and not rows:
                 return
+
+    def _admit(self, waiting: list[_Row]) -> list[tuple[list[_Row], _Batch]]:
+        """Prefill the new requests together; if that fails, one by one, so a bad request fails alone."""
+        if not waiting:
+            return []
+        try:
+            joined, batch = self._prefill(waiting)
+            return [(joined, batch)] if batch is not None else []
+        except BaseException as err:
+            if len(waiting) == 1:
+                _fail(waiting, err)
+                return []
+        return [admitted for r in waiting for admitted in self._admit([r])]
 
     def _take(self, block: bool) -> list[_Row | None]:
         out: list[_Row | None] = []
@@ -229,6 +239,12 @@ class _Batch:
             torch.cat([self.positions, other.positions], 0),
             torch.cat([self.next_ids, other.next_ids], 0),
         )
+
+
+def _fail(rows: list[_Row], err: BaseException) -> None:
+    for r in rows:
+        if not r.future.done():
+            r.future.set_exception(err)
 
 
 def _check_layers(cache: Any) -> None:

@@ -1,0 +1,153 @@
+"""HFPolicy's continuous batching: requests join and leave the decode batch at every step.
+
+A real tiny Qwen3 (random weights) on the real Qwen3 tokenizer; each request's tokens must be
+those the batched ``generate`` samples for it, whenever it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from tokengym.envs import ReplayEnv
+from tokengym.policies import HFPolicy, SamplingParams
+from tokengym.policies.batching import RequestBatcher
+from tokengym.policies.continuous import UnsupportedCache
+from tokengym.recorder import rollout
+
+
+def tiny(vocab: int, **extra) -> Qwen3ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, max_position_embeddings=4096, tie_word_embeddings=True, **extra,
+    )
+    return Qwen3ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def policy(qwen3):
+    p = HFPolicy(tiny(len(qwen3)), qwen3)
+    yield p
+    p.close()
+
+
+CONTEXTS = [[1, 2, 3], list(range(40, 67)), [4] * 20, [7, 7], list(range(300, 311))]
+PARAMS = [SamplingParams(max_tokens=m, seed=s, temperature=t) for m, s, t in
+          [(5, 1, 1.0), (12, 2, 0.7), (3, 3, 1.0), (9, 4, 0.0), (7, 5, 1.0)]]
+
+
+async def staggered(policy, delays):
+    async def one(i):
+        await asyncio.sleep(delays[i])
+        return (await policy.agenerate([CONTEXTS[i]], [PARAMS[i]]))[0]
+
+    return await asyncio.gather(*(one(i) for i in range(len(CONTEXTS))))
+
+
+def test_requests_that_join_late_sample_what_they_would_alone(policy):
+    batched = policy.generate(CONTEXTS, PARAMS)
+    alone = [policy.generate([c], [p])[0] for c, p in zip(CONTEXTS, PARAMS)]
+    steps = policy._decoder.steps if policy._decoder else 0
+    joined = asyncio.run(staggered(policy, [0.0, 0.02, 0.05, 0.0, 0.1]))
+    for a, b, c in zip(batched, alone, joined):
+        assert a.token_ids.tolist() == b.token_ids.tolist() == c.token_ids.tolist()
+        assert a.finish_reason == c.finish_reason == "length"
+        np.testing.assert_allclose(a.logprobs, c.logprobs, atol=1e-5)
+    decoder = policy._decoder
+    assert decoder.max_batch >= 2  # requests shared decode steps
+    assert decoder.steps - steps < sum(p.max_tokens for p in PARAMS)
+
+
+def test_stop_tokens_and_strings_end_a_request_inside_the_batch(policy, qwen3):
+    free = policy.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0))[0].token_ids.tolist()
+    text = qwen3.decode(free[:3])
+    stop = text[-2:] if len(text.strip()) >= 2 else text
+
+    async def both():
+        return await policy.agenerate(
+            [[1, 2, 3], [1, 2, 3], [9, 9, 9]],
+            [SamplingParams(max_tokens=8, temperature=0, stop_token_ids=(free[0],)),
+             SamplingParams(max_tokens=8, temperature=0, stop_strings=(stop,)),
+             SamplingParams(max_tokens=8, temperature=0)],
+        )
+
+    by_token, by_string, other = asyncio.run(both())
+    assert by_token.token_ids.tolist() == free[:1] and by_token.finish_reason == "stop"
+    assert by_string.finish_reason == "stop_string" and len(by_string.token_ids) <= 3
+    assert other.finish_reason == "length" and len(other.token_ids) == 8
+
+
+def test_a_bad_request_fails_alone(policy, qwen3):
+    async def run():
+        return await asyncio.gather(
+            policy.agenerate([[len(qwen3) + 10**6]], SamplingParams(max_tokens=3)),  # outside the vocabulary
+            policy.agenerate([[1, 2, 3]], SamplingParams(max_tokens=3, seed=1)),
+            return_exceptions=True,
+        )
+
+    bad, good = asyncio.run(run())
+    assert isinstance(bad, (IndexError, RuntimeError))
+    assert len(good[0].token_ids) == 3  # the other request, prefilled in the same round, went on
+
+
+def test_sliding_window_models_join_too_and_other_caches_are_named(qwen3):
+    from transformers import DynamicCache
+
+    from tokengym.policies.continuous import _check_layers
+
+    sliding = tiny(len(qwen3), layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+                   use_sliding_window=True)
+    cont = HFPolicy(sliding, qwen3)
+    try:  # the policy's own caches hold every layer in full (the mask applies the window): they join
+        joined = asyncio.run(staggered(cont, [0.0, 0.01, 0.02, 0.0, 0.03]))
+        for a, c in zip(cont.generate(CONTEXTS, PARAMS), joined):
+            assert a.token_ids.tolist() == c.token_ids.tolist()
+    finally:
+        cont.close()
+    # A cache built from the config keeps only the window for those layers: its rows cannot be joined.
+    cache = DynamicCache(config=sliding.config)
+    sliding(input_ids=torch.tensor([[1, 2, 3]]), use_cache=True, **{cont._cache_arg: cache})
+    with pytest.raises(UnsupportedCache, match="continuous=False"):
+        _check_layers(cache)
+
+
+def test_without_continuous_batching_the_driver_queue_forms_the_batches(qwen3):
+    plain = HFPolicy(tiny(len(qwen3)), qwen3, continuous=False)
+    batcher = RequestBatcher(plain)
+    assert batcher._native is None
+
+    async def two():
+        return await asyncio.gather(*(batcher.generate([1, 2, 3], SamplingParams(max_tokens=2, seed=i)) for i in range(2)))
+
+    try:
+        assert [len(g.token_ids) for g in asyncio.run(two())] == [2, 2] and batcher.max_batch == 2
+    finally:
+        batcher.close()
+
+
+def test_close_stops_the_thread_and_a_new_request_starts_it_again(qwen3):
+    p = HFPolicy(tiny(len(qwen3)), qwen3)
+    asyncio.run(p.agenerate([[1, 2]], SamplingParams(max_tokens=2)))
+    thread = p._decoder._thread
+    assert thread in threading.enumerate() and thread.name == "tokengym-hf-decode"
+    p.close()
+    assert not thread.is_alive()
+    assert len(asyncio.run(p.agenerate([[1, 2]], SamplingParams(max_tokens=2)))[0].token_ids) == 2
+    p.close()
+
+
+def test_the_default_driver_uses_it_and_records_the_law(policy, qwen3):
+    from lawcheck import recompute_logprobs
+    from tokengym.recorder import to_verl
+
+    steps = policy._decoder.steps if policy._decoder else 0
+    r = rollout(lambda: ReplayEnv(qwen3, max_turns=3), policy, episodes=4, concurrency=4,
+                sampling=SamplingParams(max_tokens=6), seed=2, progress=False)
+    assert r.stats.failed == 0 and policy._decoder.steps > steps
+    recomputed, recorded = recompute_logprobs(policy.model, to_verl(r.trajectories))
+    assert torch.max(torch.abs(recomputed - recorded)).item() < 1e-4

@@ -14,8 +14,10 @@ strings stay in the output, only the requested stop tokens stop (``ignore_eos``)
 every request carries its own seed. The prompt's token count reported by the server is
 checked against the context (and the prompt ids themselves when the server returns them).
 
-Only the standard library is used (``urllib``, ``json``); requests of a batch run
-concurrently in threads.
+Only the standard library is used (``http.client``, ``json``). Requests run in up to
+``max_concurrency`` worker threads, each with its own kept-alive connection (a connection pool:
+no TCP handshake per turn), from ``generate`` and ``agenerate`` alike; the server batches what
+is in flight.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -57,7 +60,7 @@ class OpenAIServerPolicy:
         logprob_kind: what the server's logprobs are (``"raw"`` for vLLM's default
             ``--logprobs-mode raw_logprobs``; ``"processed"`` for ``processed_logprobs``).
         timeout: seconds for one request.
-        max_concurrency: requests of one batch in flight at once.
+        max_concurrency: requests in flight at once (and kept-alive connections).
         max_model_len: clamps ``max_tokens`` to the room left after the context; read from
             ``/v1/models`` on first use when not given (vLLM reports it there).
         extra_body: more request fields, merged last (server-specific options).
@@ -89,42 +92,114 @@ class OpenAIServerPolicy:
         self._asked_max_len = False
         self.name = f"openai:{model}@{self.base_url}"
         self.continuous_batching = True
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._connections: list[Any] = []
 
     # -- HTTP ---------------------------------------------------------------------------
 
+    def _connection(self, timeout: float) -> Any:
+        """This thread's keep-alive connection to the server (one per worker thread: the pool)."""
+        import http.client
+        from urllib.parse import urlsplit
+
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            parts = urlsplit(self.base_url)
+            kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+            conn = kind(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
+            self._local.conn, self._local.fresh = conn, True
+            with self._lock:
+                self._connections.append(conn)
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+            with self._lock:
+                if conn in self._connections:
+                    self._connections.remove(conn)
+
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        """One request on this thread's kept-alive connection; a connection the server closed
+        while idle is opened again once."""
+        import http.client
+        from urllib.parse import urlsplit
+
         url = f"{self.base_url}{path}"
-        headers = {"Accept": "application/json"}
+        limit = self.timeout if timeout is None else timeout
+        headers = {"Accept": "application/json", "Connection": "keep-alive"}
         data = None
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        import urllib.error  # http.client and email: imported when a request is made
-        import urllib.request
-
-        req = urllib.request.Request(url, data=data, headers=headers, method=method)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout if timeout is None else timeout) as resp:
+        target = urlsplit(self.base_url).path.rstrip("/") + path
+        for attempt in (0, 1):
+            conn = self._connection(limit)
+            reused = not getattr(self._local, "fresh", True)
+            self._local.fresh = False
+            try:
+                conn.request(method, target, body=data, headers=headers)
+                resp = conn.getresponse()
                 raw = resp.read()
-        except urllib.error.HTTPError as err:
-            detail = err.read().decode(errors="replace")[:2000]
-            raise ServerError(f"{method} {url} failed with HTTP {err.code}: {detail}") from None
-        except (socket.timeout, TimeoutError):
-            raise ServerError(
-                f"{method} {url}: no answer within {self.timeout if timeout is None else timeout} s"
-            ) from None
-        except (urllib.error.URLError, ConnectionError) as err:
-            reason = getattr(err, "reason", err)
-            raise ServerUnreachable(
-                f"cannot reach the OpenAI-compatible server at {self.base_url} ({method} {path}): {reason}. "
-                "Is it running and listening on that address?"
-            ) from None
+            except (socket.timeout, TimeoutError):
+                self._drop_connection()
+                raise ServerError(f"{method} {url}: no answer within {limit} s") from None
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, http.client.BadStatusLine) as err:
+                self._drop_connection()
+                if reused and attempt == 0:
+                    continue  # the server closed an idle connection: once more on a new one
+                raise ServerUnreachable(
+                    f"the OpenAI-compatible server at {self.base_url} closed the connection ({method} {path}): {err!r}"
+                ) from None
+            except OSError as err:
+                self._drop_connection()
+                raise ServerUnreachable(
+                    f"cannot reach the OpenAI-compatible server at {self.base_url} ({method} {path}): {err}. "
+                    "Is it running and listening on that address?"
+                ) from None
+            if resp.will_close:
+                self._drop_connection()
+            break
+        if resp.status >= 400:
+            detail = raw.decode(errors="replace")[:2000]
+            raise ServerError(f"{method} {url} failed with HTTP {resp.status}: {detail}")
         try:
             return json.loads(raw)
         except json.JSONDecodeError:
             raise ServerError(f"{method} {url} answered with non-JSON: {raw[:200]!r}") from None
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """The worker threads that send requests: at most ``max_concurrency`` in flight, each
+        thread with its own kept-alive connection."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="tokengym-http")
+            return self._pool
+
+    def close(self) -> None:
+        """Close the connections and stop the worker threads (a later request opens them again)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            conns, self._connections = self._connections, []
+        if pool is not None:
+            pool.shutdown(wait=True)
+        for conn in conns:
+            conn.close()
+
+    def __enter__(self) -> OpenAIServerPolicy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def models(self) -> list[dict[str, Any]]:
         """The served models (``GET /v1/models``)."""
@@ -206,26 +281,19 @@ class OpenAIServerPolicy:
         contexts = check_contexts(contexts)
         if not contexts:
             return []
-        if len(contexts) == 1:
-            return [self._one(contexts[0], params[0])]
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(contexts))) as pool:
-            return list(pool.map(self._one, contexts, params))
+        return list(self._executor().map(self._one, contexts, params))
 
     async def agenerate(
         self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
-        """The async form: each request in a worker thread, at most ``max_concurrency`` at once."""
-        params = per_request(sampling, len(contexts))
-        contexts = check_contexts(contexts)
+        """The async form: each request on a worker thread's kept-alive connection, at most
+        ``max_concurrency`` in flight over all calls; the server batches them."""
         import asyncio
 
-        gate = asyncio.Semaphore(self.max_concurrency)
-
-        async def one(c: Sequence[int], p: SamplingParams) -> Generation:
-            async with gate:
-                return await asyncio.to_thread(self._one, c, p)
-
-        return list(await asyncio.gather(*(one(c, p) for c, p in zip(contexts, params))))
+        params = per_request(sampling, len(contexts))
+        contexts = check_contexts(contexts)
+        loop, pool = asyncio.get_running_loop(), self._executor()
+        return list(await asyncio.gather(*(loop.run_in_executor(pool, self._one, c, p) for c, p in zip(contexts, params))))
 
 
 def _token_id(token: Any) -> int:

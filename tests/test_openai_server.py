@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -21,14 +22,24 @@ from tokengym.policies.openai_server import ServerError, ServerUnreachable
 class Stub:
     """A loopback server: records the requests, answers with ``reply(body)``."""
 
-    def __init__(self, reply, max_model_len=64):
+    def __init__(self, reply, max_model_len=64, keep_alive=False, delay=0.0):
         self.requests: list[dict] = []
         self.reply = reply
+        self.clients: set = set()  # (host, port) of every TCP connection made to it
+        self.active = self.peak = 0
+        self.drop = False
+        lock = threading.Lock()
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
             def log_message(self, *args):
                 pass
+
+            def setup(self):
+                super().setup()
+                stub.clients.add(self.client_address)
 
             def _send(self, code, payload):
                 data = json.dumps(payload).encode()
@@ -37,6 +48,8 @@ class Stub:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+                if stub.drop:  # close without saying so, as a server does with an idle connection
+                    self.close_connection = True
 
             def do_GET(self):
                 if self.path == "/v1/models":
@@ -46,9 +59,17 @@ class Stub:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.requests.append(body)
-                code, payload = stub.reply(body)
-                self._send(code, payload)
+                with lock:
+                    stub.requests.append(body)
+                    stub.active += 1
+                    stub.peak = max(stub.peak, stub.active)
+                try:
+                    time.sleep(delay)
+                    code, payload = stub.reply(body)
+                    self._send(code, payload)
+                finally:
+                    with lock:
+                        stub.active -= 1
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -165,3 +186,35 @@ def test_wait_until_ready_and_the_async_form():
     assert [g.token_ids.tolist() for g in gens] == [[7, 8], [7, 8]]
     with pytest.raises(ValueError, match="logprob_kind"):
         OpenAIServerPolicy("http://127.0.0.1:1", "m", logprob_kind="none")  # type: ignore[arg-type]
+
+
+def test_connections_are_kept_alive_and_reopened_when_the_server_drops_them():
+    with Stub(echo_reply, keep_alive=True) as stub:
+        with OpenAIServerPolicy(stub.url, "m", max_model_len=64, max_concurrency=1) as policy:
+            for _ in range(5):
+                policy.generate([[1]], SamplingParams(max_tokens=2))
+            assert len(stub.requests) == 5 and len(stub.clients) == 1  # one TCP connection for five requests
+            stub.drop = True
+            policy.generate([[1]], SamplingParams(max_tokens=2))  # answered, then the server closes
+            stub.drop = False
+            assert policy.generate([[1]], SamplingParams(max_tokens=2))[0].token_ids.tolist() == [7, 8]
+            assert len(stub.requests) == 7 and len(stub.clients) == 2  # reopened once
+    with Stub(echo_reply, keep_alive=False) as stub:  # an HTTP/1.0 server closes after each answer
+        with OpenAIServerPolicy(stub.url, "m", max_model_len=64, max_concurrency=1) as policy:
+            for _ in range(3):
+                policy.generate([[1]], SamplingParams(max_tokens=2))
+        assert len(stub.requests) == 3 and len(stub.clients) == 3
+
+
+def test_async_requests_are_all_in_flight_up_to_max_concurrency():
+    import asyncio
+
+    with Stub(echo_reply, keep_alive=True, delay=0.3) as stub:
+        with OpenAIServerPolicy(stub.url, "m", max_model_len=64, max_concurrency=16) as policy:
+
+            async def many():
+                return await asyncio.gather(*(policy.agenerate([[i]], SamplingParams(max_tokens=1)) for i in range(16)))
+
+            gens = asyncio.run(many())
+    assert len(gens) == 16 and stub.peak == 16  # not capped by asyncio's default thread pool (2 cores: 6)
+    assert len(stub.clients) == 16

@@ -31,12 +31,13 @@ from .conformance import (
     is_scheduled,
     next_scheduled,
 )
-from .render import ChatRenderer, Message
+from .render import ChatRenderer, Message, TemplateError
 from .stop_strings import check_stop_strings, ends_with_stop_string
 
 __all__ = ["AssistantTurn", "ChatEnv", "EnvResponse", "Prompt", "token_space"]
 
 ClosedBy = Literal["end_of_turn", "eos", "stop_string", "none"]
+History = Literal["keep", "deploy"]
 
 
 def token_space(vocab_size: int) -> spaces.Sequence:
@@ -101,6 +102,13 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         max_turns: assistant turns before the episode is truncated.
         max_context_tokens: the stream may not grow past this; truncated when the next
             observation would not leave room for one more token.
+        history: ``"keep"`` (the default) continues one token stream: each observation extends
+            the context the policy saw, its own tokens included. ``"deploy"`` gives the policy, each
+            turn, what the chat template renders for the conversation so far, as a deployed model
+            gets it (Qwen3 and DeepSeek R1 drop earlier reasoning; Mistral moves the system
+            prompt). When that is not an extension of the current context, the episode goes on
+            in a new sequence: the observation is the whole new context and
+            ``info["context_reset"]`` is True (the recorder then starts a new trajectory row).
         max_action_tokens: the policy's per-turn token limit; an action of this length
             that did not close its turn ends the episode (truncated, ``"action_length"``).
         stop_strings: strings that end an assistant turn without its end-of-turn token; the
@@ -134,7 +142,10 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         conformance_schedule: ConformanceSchedule | None = None,
         render_mode: str | None = None,
         require_tools_in_prompt: bool = True,
+        history: History = "keep",
     ) -> None:
+        if history not in ("keep", "deploy"):
+            raise ValueError(f"history must be 'keep' or 'deploy', got {history!r}")
         if conformance not in ("strict", "warn", "off"):
             raise ValueError(f"conformance must be 'strict', 'warn' or 'off', got {conformance!r}")
         if conformance_schedule is None:
@@ -162,6 +173,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self.max_context_tokens = max_context_tokens
         self.reset_seed: int | None = None
         self.max_action_tokens = max_action_tokens
+        self.history: History = history
         self.stop_strings = check_stop_strings(stop_strings)
         self.conformance_mode: ConformanceMode = conformance
         self.conformance_schedule: ConformanceSchedule = conformance_schedule
@@ -276,17 +288,26 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 self._calls_at[len(self._messages) - 1] = copy.deepcopy(list(response.tool_calls))
 
         obs_ids: list[int] = []
+        context_reset = False
         if stop_reason is None:
             new = [dict(m) for m in response.messages]
-            obs = self.renderer.observation(
-                new, self._tools, assistant_tool_calls=response.tool_calls, closed=closed_by in ("end_of_turn", "eos")
-            )
-            if self.num_tokens + len(obs.ids) >= self.max_context_tokens:
-                stop_reason = "context_length"
+            if self.history == "deploy":
+                obs_ids, obs_text, context_reset = self._deploy_observation(new)
+                start = 0 if context_reset else self.num_tokens
             else:
-                obs_ids = obs.ids
+                obs = self.renderer.observation(
+                    new, self._tools, assistant_tool_calls=response.tool_calls, closed=closed_by in ("end_of_turn", "eos")
+                )
+                obs_ids, obs_text, start = obs.ids, obs.text, self.num_tokens
+            if start + len(obs_ids) >= self.max_context_tokens:
+                stop_reason, obs_ids, context_reset = "context_length", [], False
+            else:
                 has_user = any(m.get("role") == "user" for m in new)
-                self._pieces.append(Piece("observation", turn, tuple(obs_ids), obs.text, has_user=has_user, n_messages=len(new)))
+                if context_reset:  # the deployed context is not an extension of this one: a new sequence
+                    self._pieces = [Piece("prompt", turn, tuple(obs_ids), obs_text, has_user=True)]
+                    self._num_tokens = 0
+                else:
+                    self._pieces.append(Piece("observation", turn, tuple(obs_ids), obs_text, has_user=has_user, n_messages=len(new)))
                 self._num_tokens += len(obs_ids)
                 self._messages.extend(copy.deepcopy(new))
 
@@ -309,6 +330,8 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         }
         if done:
             info["stop_reason"] = stop_reason
+        if context_reset:
+            info["context_reset"] = True
         return np.array(obs_ids, dtype=np.int64), float(response.reward), terminated, done and not terminated, info
 
     def render(self) -> str | None:
@@ -382,6 +405,31 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         if ends_with_stop_string(ids, self.stop_strings, self.renderer.tokenizer):
             return ids, "stop_string"
         return ids, "none"
+
+    def _deploy_observation(self, new: list[Message]) -> tuple[list[int], str, bool]:
+        """``history="deploy"``: what the template renders for the whole conversation so far (what a
+        deployed model is given), as the rest of the current sequence when it extends it, else as a
+        new sequence (``True``)."""
+        assert self._pieces is not None
+        messages = [*self._messages, *new]
+        try:
+            full = self.renderer.prompt(messages, self._tools, deployed=True)
+        except TemplateError:
+            if not self._calls_at:
+                raise
+            # The template refuses assistant turns as plain text: render them with their parsed calls.
+            full = self.renderer.prompt(
+                [{**m, "content": None, "tool_calls": list(self._calls_at[i])} if i in self._calls_at else m
+                 for i, m in enumerate(messages)],
+                self._tools,
+                deployed=True,
+            )
+        current = [i for p in self._pieces for i in p.ids]
+        if full.ids[: len(current)] == current:
+            rest = list(full.ids[len(current):])
+            text = "".join(p.text for p in self._pieces)
+            return rest, full.text[len(text):] if full.text.startswith(text) else self.renderer.decode(rest), False
+        return list(full.ids), full.text, True
 
     def _check(self, turn: int, *, final: bool) -> Conformance:
         if self.conformance_mode == "off":

@@ -374,11 +374,15 @@ class ChatRenderer:
             **self.template_kwargs,
         )
 
-    def _protect(self, messages: Sequence[Message]) -> tuple[list[Message], list[str]]:
-        """Swap message text that contains special-token strings for placeholders."""
+    def _protect(self, messages: Sequence[Message], *, assistant: bool = True) -> tuple[list[Message], list[str]]:
+        """Swap message text that contains special-token strings for placeholders (not the
+        assistant's text with ``assistant=False``: its control tokens are the model's own)."""
         out: list[Message] = []
         subs: list[str] = []
         for msg in messages:
+            if not assistant and msg.get("role") == "assistant":
+                out.append(msg)
+                continue
             changed = None
             for field in _PROTECTED_FIELDS:
                 value = msg.get(field)
@@ -401,8 +405,9 @@ class ChatRenderer:
         *,
         add_generation_prompt: bool,
         cut: Callable[[str], tuple[int, int, str | None]] | None = None,
+        protect_assistant: bool = True,
     ) -> Rendered:
-        protected, subs = self._protect(messages)
+        protected, subs = self._protect(messages, assistant=protect_assistant)
         text = self.render_text(protected, tools, add_generation_prompt=add_generation_prompt)
         start, end, note = cut(text) if cut else (0, len(text), None)
         piece = text[start:end]
@@ -421,11 +426,19 @@ class ChatRenderer:
                 texts.append(part)
         return Rendered("".join(texts), ids, note)
 
-    def prompt(self, messages: Sequence[Message], tools: Sequence[Any] | None = None) -> Rendered:
-        """Token ids of a whole conversation followed by the generation prompt."""
+    def prompt(
+        self, messages: Sequence[Message], tools: Sequence[Any] | None = None, *, deployed: bool = False
+    ) -> Rendered:
+        """Token ids of a whole conversation followed by the generation prompt.
+
+        ``deployed=True`` renders assistant messages as a serving engine does: their text goes
+        through the template as it is (Qwen3's template then drops earlier reasoning) and their
+        control tokens (``<think>``, ``<tool_call>``: the model's own) are tokens; the other
+        messages' text is still never read as control tokens.
+        """
         if not messages:
             raise ValueError("a prompt needs at least one message")
-        rendered = self._render_ids(messages, tools, add_generation_prompt=True)
+        rendered = self._render_ids(messages, tools, add_generation_prompt=True, protect_assistant=not deployed)
         if tools and self.require_tools_in_prompt:
             missing = [n for n in _tool_names(tools) if n not in rendered.text]
             if missing:

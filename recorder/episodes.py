@@ -129,6 +129,8 @@ class RolloutStats:
     """Policy engine actors that Ray restarted during the run (Ray backend)."""
     startup_s: float = 0.0
     """Time to start the backend's actors before the first episode (Ray backend; not in ``wall_s``)."""
+    context_resets: int = 0
+    """New contexts started mid-episode (``history="deploy"``): each adds a trajectory row."""
     group_rewards: dict[Any, list[float]] = field(default_factory=dict)
     """The returns of each group's finished episodes (runs with ``group_size`` or ``tasks``)."""
 
@@ -189,6 +191,7 @@ class RolloutStats:
             "per_node": dict(self.per_node),
             "engine_restarts": self.engine_restarts,
             "startup_s": self.startup_s,
+            "context_resets": self.context_resets,
             "groups": len(self.group_rewards),
             "groups_with_signal": self.group_signal().with_signal,
         }
@@ -309,20 +312,25 @@ class EpisodeSlot:
         except Exception as err:
             return err
 
-    def advance(self, gen: Generation, result: tuple) -> Trajectory | None:
-        """Take a step's result into the stream; the finished trajectory when the episode ended."""
+    def advance(self, gen: Generation, result: tuple) -> list[Trajectory] | None:
+        """Take a step's result into the stream; the episode's rows when it ended (one, or one per
+        context with ``history="deploy"``)."""
         obs, _, terminated, truncated, info = result
-        self.stream += gen.token_ids.tolist() + obs.tolist()
+        if info.get("context_reset"):
+            self.stream = obs.tolist()  # the next context is the whole observation
+        else:
+            self.stream += gen.token_ids.tolist() + obs.tolist()
         self.turn += 1
         self.remaining = int(info.get("remaining_context", self.remaining))
         if not (terminated or truncated):
             return None
-        traj = info["trajectory"]
-        traj.metadata["episode"] = self.episode
-        if self.task is not None:
-            traj.metadata.update(self.task.metadata)
+        rows = list(info.get("sequences") or [info["trajectory"]])
+        for traj in rows:
+            traj.metadata["episode"] = self.episode
+            if self.task is not None:
+                traj.metadata.update(self.task.metadata)
         self.release()
-        return traj
+        return rows
 
     def release(self) -> None:
         """Give the env back its own context limit (after a budgeted episode)."""
@@ -380,38 +388,44 @@ def turn_params(base: SamplingParams, env: Any, remaining: int, seed: int) -> Sa
 
 def record_finished(
     stats: RolloutStats,
-    traj: Trajectory,
+    rows: list[Trajectory],
     done: list[Trajectory],
     on_episode: Callable[[Trajectory], None] | None,
     bar: Any,
 ) -> None:
-    """Hand a finished trajectory to ``on_episode``, count it, keep it, and move the progress bar.
+    """Hand a finished episode's rows (one per context; usually one) to ``on_episode``, count the
+    episode once, keep its rows, and move the progress bar.
 
-    A stop signal waits until all of it is done, so a trajectory is stored and counted, or neither.
-    If ``on_episode`` raises (a full disk), the trajectory is neither counted nor kept.
+    A stop signal waits until all of it is done, so an episode is stored and counted, or neither.
+    If ``on_episode`` raises (a full disk), the episode is neither counted nor kept.
     """
     with uninterrupted():
         if on_episode is not None:
-            on_episode(traj)
-        _account(stats, traj)
-        done.append(traj)
+            for traj in rows:
+                on_episode(traj)
+        _account(stats, rows)
+        done.extend(rows)
     bar.update(1)
     bar.finished(stats)
 
 
-def _account(stats: RolloutStats, traj: Trajectory) -> None:
+def _account(stats: RolloutStats, rows: list[Trajectory]) -> None:
     stats.episodes += 1
-    stats.tokens += len(traj)
-    stats.policy_tokens += int(traj.mask.sum())
-    stats.turns += traj.num_turns
-    stats.reward_sum += traj.reward
-    stats.stop_reasons[traj.stop_reason or "?"] += 1
-    if "group" in traj.metadata:
-        stats.group_rewards.setdefault(traj.metadata["group"], []).append(traj.reward)
-    summary = traj.conformance_summary
-    for status in ("ok", "known", "mismatch", "deferred"):
-        if summary.get(status):
-            stats.conformance[status] += summary[status]
+    stats.tokens += sum(len(t) for t in rows)
+    stats.policy_tokens += sum(int(t.mask.sum()) for t in rows)
+    stats.turns += sum(t.num_turns for t in rows)
+    episode_return = sum(t.reward for t in rows)
+    stats.reward_sum += episode_return
+    stats.stop_reasons[rows[-1].stop_reason or "?"] += 1
+    if len(rows) > 1:
+        stats.context_resets += len(rows) - 1
+    if "group" in rows[-1].metadata:
+        stats.group_rewards.setdefault(rows[-1].metadata["group"], []).append(episode_return)
+    for traj in rows:
+        summary = traj.conformance_summary
+        for status in ("ok", "known", "mismatch", "deferred"):
+            if summary.get(status):
+                stats.conformance[status] += summary[status]
 
 
 class Progress:

@@ -137,7 +137,7 @@ class EnvWorker:
         return ray.get_runtime_context().get_node_id()
 
     def run_episode(self, task: EpisodeTask, engine: Any, config: tuple[SamplingParams, int, dict[str, Any]]) -> dict[str, Any]:
-        """One whole episode against ``engine``: ``{"episode", "trajectory"}`` or ``{"episode", "error"}``.
+        """One whole episode against ``engine``: ``{"episode", "trajectories"}`` (its rows) or ``{"episode", "error"}``.
 
         ``config`` is the run's ``(base sampling, seed, sampling record)``. The turn loop is the
         local driver's (:func:`tokengym.recorder.runner.play`), on this thread's own event loop.
@@ -156,7 +156,7 @@ class EnvWorker:
                 return {"episode": episode, "engine_died": str(err)}
             if isinstance(outcome, EpisodeError):
                 return {"episode": episode, "error": outcome}
-            return {"episode": episode, "trajectory": outcome}
+            return {"episode": episode, "trajectories": outcome}
         finally:
             self._free.put(env)
 
@@ -587,7 +587,7 @@ class _Run:
                     self._collect(ref)
 
     def _result(self, interrupted: bool = False) -> RolloutResult:
-        self.done.sort(key=lambda t: t.metadata["episode"])
+        self.done.sort(key=lambda t: (t.metadata["episode"], t.metadata.get("sequence", 0)))
         self.stats.interrupted = interrupted
         return RolloutResult(self.done, self.stats, interrupted)
 
@@ -618,9 +618,9 @@ class _Run:
         except ray.exceptions.RayError as err:  # the worker (or its node) died
             self._lost(episode, worker, err)
             return
-        if "trajectory" in out:
+        if "trajectories" in out:
             stats.per_node[self.b._nodes[worker]] += 1
-            record_finished(stats, out["trajectory"], self.done, self.on_episode, self.bar)
+            record_finished(stats, out["trajectories"], self.done, self.on_episode, self.bar)
         elif "engine_died" in out:
             raise _Abort(
                 f"policy engine {engine} died and was not restarted (engine_restarts={self.b.engine_restarts}): "

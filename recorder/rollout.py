@@ -93,7 +93,8 @@ def rollout(
             actor builds its own (a policy instance is pickled into the engine instead).
         sampling: the base settings; each env's stop tokens and stop strings are added and
             ``max_tokens`` is clamped to the context the env has left.
-        on_episode: called with each finished trajectory as it finishes (e.g. a store's ``write``).
+        on_episode: called with each finished trajectory as it finishes (e.g. a store's ``write``);
+            an episode that started new contexts (``history="deploy"``) gives one per context.
         group_size: episodes per task, for GRPO: episode ``i`` is in group ``i // group_size``,
             whose episodes reset alike (seed ``seed + group``, the same ``tasks`` entry) and sample
             with their own seeds; ``trajectory.metadata["group"]`` names the group.
@@ -153,7 +154,7 @@ def rollout(
     run = _async if schedule == "async" else _lockstep
     interrupted = False
     try:
-        interrupted = run(slots, planned, base, policy, stats, lambda traj: record_finished(stats, traj, done, on_episode, bar), bar)
+        interrupted = run(slots, planned, base, policy, stats, lambda rows: record_finished(stats, rows, done, on_episode, bar), bar)
     finally:
         bar.close()
         stats.wall_s = time.perf_counter() - start
@@ -162,7 +163,7 @@ def rollout(
         if owned and hasattr(policy, "close"):
             policy.close()
     stats.interrupted = interrupted
-    done.sort(key=lambda t: t.metadata["episode"])
+    done.sort(key=lambda t: (t.metadata["episode"], t.metadata.get("sequence", 0)))
     return RolloutResult(done, stats, interrupted)
 
 
@@ -190,7 +191,7 @@ def _failed(stats: RolloutStats, error: EpisodeError, bar: Any) -> None:
 
 def _async(
     slots: list[EpisodeSlot], tasks: list[EpisodeTask], base: SamplingParams, policy: Policy,
-    stats: RolloutStats, finished: Callable[[Trajectory], None], bar: Any,
+    stats: RolloutStats, finished: Callable[[list[Trajectory]], None], bar: Any,
 ) -> bool:
     """Every episode at its own pace (:func:`tokengym.recorder.runner.drive`); True when stopped."""
     batcher = RequestBatcher(policy)
@@ -215,7 +216,7 @@ def _async(
 
 def _lockstep(
     slots: list[EpisodeSlot], tasks: list[EpisodeTask], base: SamplingParams, policy: Policy,
-    stats: RolloutStats, finished: Callable[[Trajectory], None], bar: Any,
+    stats: RolloutStats, finished: Callable[[list[Trajectory]], None], bar: Any,
 ) -> bool:
     """Lock-step rounds: every live episode generates in one batch, then every env steps; True when stopped."""
     queue = iter(tasks)
@@ -247,9 +248,9 @@ def _lockstep(
                         if begin(slot):
                             still.append(slot)
                         continue
-                    traj = slot.advance(gen, result)
-                    if traj is not None:
-                        finished(traj)
+                    rows = slot.advance(gen, result)
+                    if rows is not None:
+                        finished(rows)
                         if not begin(slot):
                             continue
                     still.append(slot)
@@ -270,6 +271,9 @@ def summary_table(stats: RolloutStats) -> str:
         ("conformance", ", ".join(f"{k} {v}" for k, v in sorted(stats.conformance.items())) or "-"),
         ("throughput", f"{stats.tokens_per_s:.1f} policy tokens/s, {100 * stats.outside_engine_share:.0f}% of time outside the policy"),
     ]
+    if stats.context_resets:
+        rows.append(("contexts", f"{stats.context_resets} new contexts mid-episode (history='deploy'): "
+                     f"{stats.episodes + stats.context_resets} trajectory rows for {stats.episodes} episodes"))
     if stats.group_rewards:
         rows.append(("grpo", stats.group_signal().summary()))
     if stats.per_node:

@@ -34,7 +34,8 @@ from .trajectory import Trajectory
 
 __all__ = ["EngineLost", "Outcome", "drive", "play"]
 
-Outcome = Trajectory | EpisodeError
+Outcome = list[Trajectory] | EpisodeError
+"""A finished episode's rows (one per context, usually one), or the record of what failed."""
 Generate = Callable[[list[int], SamplingParams], Awaitable[Generation]]
 Step = Callable[[EpisodeSlot, Generation], Awaitable[Any]]
 
@@ -50,7 +51,7 @@ async def _step_inline(slot: EpisodeSlot, gen: Generation) -> Any:
 async def play(
     slot: EpisodeSlot, task: EpisodeTask, base: SamplingParams, generate: Generate, step: Step = _step_inline
 ) -> Outcome:
-    """Play ``task`` in ``slot`` to the end: its trajectory, or the record of what failed.
+    """Play ``task`` in ``slot`` to the end: its trajectory rows, or the record of what failed.
 
     ``generate`` samples one turn; ``step`` runs ``slot.step`` (in a worker thread, say) and
     returns its result. :class:`EngineLost` and :class:`~tokengym.policies.batching.PolicyInterrupted`
@@ -72,9 +73,9 @@ async def play(
         result = await step(slot, gen)
         if isinstance(result, Exception):
             return slot.failure(result)
-        traj = slot.advance(gen, result)
-        if traj is not None:
-            return traj
+        rows = slot.advance(gen, result)
+        if rows is not None:
+            return rows
 
 
 class _Stop:

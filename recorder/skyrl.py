@@ -174,6 +174,11 @@ def _build_class() -> type:
             obs, reward, terminated, truncated, info = self.env.step(ids)
             self.turns += 1
             done = bool(terminated or truncated)
+            if info.get("context_reset"):
+                raise ValueError(
+                    "the env started a new context mid-episode (history='deploy'); SkyRL's text env keeps one "
+                    "conversation per episode: use history='keep' with SkyRL"
+                )
             metadata: dict[str, Any] = {
                 "action_ids": ids.tolist(),
                 "observation_ids": obs.tolist(),

@@ -35,8 +35,11 @@ logprobs             list<float32>               rollout logprob per token; null
 segments             list<struct<                the segments in order: ``kind`` is ``prompt``,
                      kind: string,               ``action`` or ``observation``; ``[start, end)``
                      start: int32, end: int32,   indexes ``token_ids``; ``turn`` is the turn
-                     turn: int32>>               (0 for the prompt)
-turn_rewards         list<float64>               reward of each turn, in turn order
+                     turn: int32>>               (0 for the prompt; k for the prompt of a
+                                                 later sequence of an episode, history="deploy",
+                                                 whose rows share metadata.episode and carry
+                                                 metadata.sequence / metadata.sequences)
+turn_rewards         list<float64>               reward of each of the row's turns, in order
 finish_reasons       list<string>                why each turn's generation stopped, in turn
                                                  order: ``stop`` (a stop token), ``stop_string``,
                                                  ``length`` (cut by the token budget); null where
@@ -1507,6 +1510,9 @@ def _decode_row(
         raise CorruptShardError(f"{len(finish)} finish reasons for {len(rewards)} turn rewards")
     segments: list[Segment] = []
     pos = 0
+    # turn_rewards / finish_reasons hold this row's turns in order: a later sequence of an episode
+    # (history="deploy") starts at the turn of its prompt segment.
+    first = (row["segments"] or [{"turn": 0}])[0]["turn"]
     for s in row["segments"] or []:
         kind = SegmentKind(s["kind"])
         start, end, turn = s["start"], s["end"], s["turn"]
@@ -1524,12 +1530,12 @@ def _decode_row(
                 logprobs = lp[start:end].copy()
             elif span.any():
                 raise CorruptShardError(f"action segment [{start}, {end}) has logprobs for some tokens only")
-            if not 0 <= turn < len(rewards):
+            if not 0 <= turn - first < len(rewards):
                 raise CorruptShardError(f"no turn reward for turn {turn}")
-            reward = rewards[turn]
+            reward = rewards[turn - first]
         elif given[start:end].any():
             raise CorruptShardError(f"{kind.value} segment [{start}, {end}) carries logprobs")
-        reason = finish[turn] if finish is not None and kind is SegmentKind.ACTION else None
+        reason = finish[turn - first] if finish is not None and kind is SegmentKind.ACTION else None
         segments.append(Segment(kind, ids[start:end], turn, logprobs=logprobs, reward=reward, finish_reason=reason))
     if pos != len(ids):
         raise CorruptShardError(f"segments cover {pos} of {len(ids)} tokens")

@@ -74,8 +74,12 @@ class Trajectory:
                 raise ValueError(f"observation of turn {s.turn} follows the action of turn {prev.turn}")
             prev = s
         turns = [s.turn for s in self.actions]
-        if turns != list(range(len(turns))):
-            raise ValueError(f"action turns must be 0, 1, 2, ...; got {turns}")
+        first = turns[0] if turns else 0
+        if turns != list(range(first, first + len(turns))) or (first and segs[0].turn != first):
+            raise ValueError(
+                f"action turns must be 0, 1, 2, ... (or k, k+1, ... in a later sequence of an episode, whose "
+                f"prompt segment has turn k); got {turns}"
+            )
 
     # ------------------------------------------------------------ structure
     @property
@@ -146,9 +150,15 @@ class Trajectory:
         """The episode's return: the sum of the turn rewards."""
         return float(self.turn_rewards.sum())
 
+    @property
+    def first_turn(self) -> int:
+        """The episode turn of this row's first action: 0, or k for a later sequence of an episode
+        recorded with ``history="deploy"`` (``metadata["sequence"]`` > 0)."""
+        return self.segments[0].turn
+
     def context(self, turn: int) -> np.ndarray:
-        """The exact token ids the policy was prompted with for ``turn``."""
-        start, _ = self.action_spans[turn]
+        """The exact token ids the policy was prompted with for ``turn`` (an episode turn of this row)."""
+        start, _ = self.action_spans[turn - self.first_turn]
         return self.token_ids[:start].copy()
 
     @property

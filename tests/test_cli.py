@@ -146,6 +146,18 @@ def test_demo_and_envs_as_a_user_runs_them(tmp_path):
     assert "tokengym/Replay-v0" in envs.stdout
 
 
+def test_demo_replay_writes_to_its_own_folder_not_the_demo_store(tmp_path, monkeypatch, capsys):
+    """``demo --replay`` appends JSON Lines: in the demo's Parquet store folder they would sit among its shards."""
+    from tokengym.recorder.cli import DEMO_OUT, DEMO_REPLAY_OUT
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--replay", "--no-color"]) == 0
+    assert f"appended to {Path(DEMO_REPLAY_OUT) / 'replay.jsonl'}" in capsys.readouterr().out
+    assert DEMO_REPLAY_OUT != DEMO_OUT and not (tmp_path / DEMO_OUT).exists()
+    rows = (tmp_path / DEMO_REPLAY_OUT / "replay.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and len(json.loads(rows[0])["token_ids"]) == 605
+
+
 @pytest.mark.slow
 def test_demo_runs_smollm2_on_calculator(tmp_path):
     import importlib.util

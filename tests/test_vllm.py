@@ -63,10 +63,17 @@ def policy(tiny_dir):
     p.close()
 
 
+class VaryingReplay(ReplayEnv):
+    """Episodes of 1, 2 or 3 turns by reset seed (padding must not shift anything), whichever env copy runs them."""
+
+    def reset(self, *, seed=None, options=None):
+        self.max_turns = 1 + (seed or 0) % 3
+        return super().reset(seed=seed, options=options)
+
+
 def run_episodes(policy, qwen3, *, episodes=5, concurrency=3, seed=11):
-    turns = iter([1, 2, 3, 1, 2, 3, 1, 2, 3])  # episodes of different lengths: padding must not shift anything
     return rollout(
-        lambda: ReplayEnv(qwen3, max_turns=next(turns)), policy, episodes=episodes, concurrency=concurrency,
+        lambda: VaryingReplay(qwen3), policy, episodes=episodes, concurrency=concurrency,
         sampling=SamplingParams(max_tokens=6, temperature=1.0), seed=seed, progress=False,
     )
 

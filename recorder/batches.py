@@ -261,18 +261,26 @@ def to_verl(
             row[stop:] = pad
             prompts[i, :start] = pad
             responses[i, n:] = pad
+        # The end of each action and its reward, for the rewards row; `whole` is False when
+        # the cut stopped the walk before the last segment.
+        ends: list[tuple[int, float]] = []
+        whole = True
         for seg, a, z in zip(t.segments, t.offsets[:-1].tolist(), t.offsets[1:].tolist()):
             if a >= pl + n:
+                whole = False
                 break
+            if seg.kind is SegmentKind.ACTION:
+                ends.append((z, seg.reward))
             z = min(z, pl + n)
             row[start + a : start + z] = seg.token_ids[: z - a]
             if seg.kind is SegmentKind.ACTION and z > a:
                 response_mask[i, a - pl : z - pl] = 1
                 if seg.logprobs is not None:
-                    lp = seg.logprobs[: z - a]
-                    if not np.isfinite(lp).all():
-                        lp = np.nan_to_num(lp, nan=0.0)
-                    logprobs[i, a - pl : z - pl] = lp
+                    logprobs[i, a - pl : z - pl] = seg.logprobs[: z - a]
+        # One check per row: a sum is finite only if every logprob is (NaN means "none").
+        lp_row = logprobs[i, :n]
+        if not np.isfinite(lp_row.sum()):
+            np.nan_to_num(lp_row, copy=False, nan=0.0)
         prompts[i, start:] = row[start:P]
         responses[i, :n] = row[P:stop]
         attention[i, start:stop] = 1
@@ -281,7 +289,12 @@ def to_verl(
         position_ids[i, start:stop] = positions[: pl + n]
         if stop < W and pl + n:
             position_ids[i, stop:] = pl + n - 1
-        _place_rewards(t, i, pl, n, rewards, response_mask)
+        if whole and all(pl < end <= pl + n for end, _ in ends):  # every reward has its token
+            reward_row = rewards[i]
+            for end, reward in ends:
+                reward_row[end - 1 - pl] += reward
+        else:
+            _place_rewards(t, i, pl, n, rewards, response_mask)
 
     tensors = {
         "prompts": torch.from_numpy(prompts),

@@ -257,6 +257,12 @@ def padding_cases() -> dict[str, tuple[list[Trajectory], dict]]:
     both = rand(9, (4, 5), (6, 0))  # the longest prompt and the longest response: no padding at all
     prompt_only = make(ids(1))  # one prompt token, no response: maximal padding
     mixed = [longest_prompt, prompt_only, longest_response, rand(1, (1, 0)), rand(5, (2, 3), (1, 1), (2, 0))]
+    # Rewards of empty actions land on the token before them; NaN logprobs read as 0.0, infinities stay.
+    odd = [
+        make(ids(2), ([], None, 1.0, ids(2)), (ids(3), np.array([np.nan, -np.inf, -0.5], np.float32), 0.5, None)),
+        make(ids(1), (ids(1), [-0.25], 1.0, ids(1)), ([], None, 0.5, None)),
+        make(ids(3), (ids(2), np.array([np.nan, np.nan], np.float32), -1.0, ids(4)), ([], None, 2.0, ids(1))),
+    ]
     return {
         "minimal widths": (mixed, {}),
         "no padding in one row": ([both, prompt_only, rand(3, (2, 1))], {}),
@@ -265,6 +271,8 @@ def padding_cases() -> dict[str, tuple[list[Trajectory], dict]]:
         "wider than every row": (mixed, {"prompt_length": 12, "response_length": 20}),
         "responses cut": (mixed + [both], {"response_length": 6, "overlong": "truncate"}),
         "response width 0": ([prompt_only], {"response_length": 0}),
+        "empty actions, non-finite logprobs": (odd + mixed, {}),
+        "empty actions, responses cut": (odd, {"response_length": 3, "overlong": "truncate"}),
     }
 
 

@@ -85,9 +85,11 @@ Repeats: ``to_verl`` and the copies run once untimed, then ``--repeats`` times
 interleaved, with the garbage collector off. verl's post-processing (20 to 70 s per run
 for the default data on 2 busy cores) runs once untimed (the checked batch), then
 ``--verl-repeats`` times. The table
-shows the median, minimum and maximum; the ratio to verl is judged on the medians and
-also given as the range from the least to the most favourable pairing of runs and min to
-min (the minimum is the better estimate on a machine shared with other work).
+shows the wall-clock median, minimum and maximum, and the median CPU time of the process
+that ran it (user + system, all its threads: what other work on a shared machine does
+not inflate, though it does not see a wait for memory either). The ratio to verl is judged
+on the wall-clock medians, and also given as the range from the least to the most
+favourable pairing of runs, min to min, and in CPU time.
 
 The verl venv needs, besides what ``.ci/integrations.sh`` installs for the protocol tests,
 the modules ``verl.experimental.agent_loop`` imports at its top (none of them runs in the
@@ -132,7 +134,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 import torch
@@ -283,24 +285,25 @@ def bench_collate(trajs: list[Trajectory], repeats: int, pad_token_id: int) -> d
         "memcpy (fresh destination)": (lambda: np.copy(src), None),
         "memcpy (into preallocated)": (lambda: np.copyto(dst, src), None),
     }
-    times: dict[str, list[float]] = {m: [] for m in methods}
+    times: dict[str, list[Timing]] = {m: [] for m in methods}
     for fn, setup in methods.values():  # warm-up: first touches of memory are slow in VMs
         timed(fn, setup)
     for _ in range(repeats):
         for m, (fn, setup) in methods.items():
             times[m].append(timed(fn, setup))
     del src, dst
-    return {"batch_bytes": nbytes, "prompt_length": P, "response_length": R, "shapes": shapes,
-            "methods": {m: summary(ts, nbytes) for m, ts in times.items()}}
+    methods_out = {m: summary([t.wall for t in ts], nbytes, [t.cpu for t in ts]) for m, ts in times.items()}
+    return {"batch_bytes": nbytes, "prompt_length": P, "response_length": R, "shapes": shapes, "methods": methods_out}
 
 
 def batch_bytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(v.numel() * v.element_size() for v in tensors.values())
 
 
-def summary(runs: list[float], nbytes: int) -> dict[str, Any]:
+def summary(runs: list[float], nbytes: int, cpu: list[float]) -> dict[str, Any]:
     med = statistics.median(runs)
-    return {"median_s": med, "min_s": min(runs), "max_s": max(runs), "runs_s": runs, "GB_per_s": nbytes / med / 1e9}
+    return {"median_s": med, "min_s": min(runs), "max_s": max(runs), "runs_s": runs, "GB_per_s": nbytes / med / 1e9,
+            "cpu_median_s": statistics.median(cpu), "cpu_runs_s": cpu}
 
 
 def hugepages() -> str:
@@ -313,15 +316,20 @@ def hugepages() -> str:
     return f"THP {thp}; numpy madvise(MADV_HUGEPAGE): {madvise}"
 
 
-def timed(fn: Callable[[], Any], setup: Callable[[], None] | None = None) -> float:
+class Timing(NamedTuple):
+    wall: float  # seconds
+    cpu: float  # this process's CPU seconds (user + system): what other work on the machine does not inflate
+
+
+def timed(fn: Callable[[], Any], setup: Callable[[], None] | None = None) -> Timing:
     if setup is not None:
         setup()
     gc.collect()
     gc.disable()
     try:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        elapsed = time.perf_counter() - t0
+        elapsed = Timing(time.perf_counter() - t0, time.process_time() - c0)
     finally:
         gc.enable()
     del out
@@ -344,15 +352,15 @@ def bench_store(trajs: list[Trajectory], shard_size: int, repeats: int, tok: Any
                     writer.write(t)
                 writer.close()
 
-            write.append(timed(write_all))
+            write.append(timed(write_all).wall)
             disk = sum(p.stat().st_size for p in shard_paths(tmp))
             back: list[Trajectory] = []
-            read.append(timed(lambda: back.extend(read_trajectories(tmp))))
+            read.append(timed(lambda: back.extend(read_trajectories(tmp))).wall)
             if len(back) != n or any(not np.array_equal(a.token_ids, b.token_ids) for a, b in zip(trajs, back)):
                 print("error: the store did not read back the trajectories written", file=sys.stderr)
                 raise SystemExit(1)
             del back
-            table.append(timed(lambda: read_table(tmp)))
+            table.append(timed(lambda: read_table(tmp)).wall)
 
     def row(ts: list[float]) -> dict[str, float]:
         s = statistics.median(ts)
@@ -387,18 +395,19 @@ def print_tables(res: dict[str, Any], args: argparse.Namespace) -> None:
         + (f"; verl: {args.verl_repeats} runs" if "verl" in res else "")
         + "\n"
     )
-    print(f"| method | median s | min s | max s | GB/s (batch bytes, median) | time ÷ {real} (median) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| method | median s | min s | max s | CPU s (median) | GB/s (batch bytes, median) | ÷ {real} (median) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     base = m[real]
     for name, r in m.items():
         print(
-            f"| {name} | {r['median_s']:.3f} | {r['min_s']:.3f} | {r['max_s']:.3f} | {r['GB_per_s']:.2f} "
-            f"| {r['median_s'] / base['median_s']:.2f}x |"
+            f"| {name} | {r['median_s']:.3f} | {r['min_s']:.3f} | {r['max_s']:.3f} | {r['cpu_median_s']:.3f} "
+            f"| {r['GB_per_s']:.2f} | {r['median_s'] / base['median_s']:.2f}x |"
         )
     zero = m["to_verl (pad id 0)"]
     print(
         f"\n{real} takes {base['median_s'] / zero['median_s']:.2f}x the time of pad id 0 (median; "
-        f"{base['min_s'] / zero['min_s']:.2f}x min to min)"
+        f"{base['min_s'] / zero['min_s']:.2f}x min to min, "
+        f"{base['cpu_median_s'] / zero['cpu_median_s']:.2f}x in CPU time)"
     )
     copy = base["median_s"] / m["memcpy (fresh destination)"]["median_s"]
     print(
@@ -412,7 +421,9 @@ def print_tables(res: dict[str, Any], args: argparse.Namespace) -> None:
             f"{real}: {ratio:.1f}x faster than verl {res['verl']['verl']}'s own post-processing, median to median "
             f"(goal >= {GOAL_VS_VERL:g}x: {'met' if ratio >= GOAL_VS_VERL else 'missed'}); "
             f"{v['min_s'] / base['max_s']:.1f}x to {v['max_s'] / base['min_s']:.1f}x over all pairs of runs, "
-            f"{v['min_s'] / base['min_s']:.1f}x min to min; the seven shared tensors identical"
+            f"{v['min_s'] / base['min_s']:.1f}x min to min, "
+            f"{v['cpu_median_s'] / base['cpu_median_s']:.1f}x in CPU time "
+            "(median); the seven shared tensors identical"
         )
     s = res.get("store")
     if s is None:
@@ -477,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         clear_caches(trajs)
         batch = to_verl(trajs, pad_token_id=pad).tensors
         check_verl(verl, batch, pad)
-        verl["summary"] = summary(verl["runs_s"], batch_bytes(batch))
+        verl["summary"] = summary(verl["runs_s"], batch_bytes(batch), verl["cpu_runs_s"])
         del batch
         res["verl"] = verl
         print(f"verl {verl['verl']}'s post-processing: the seven shared tensors equal to_verl's "

@@ -76,20 +76,19 @@ What is left out, and what differs
   ``responses`` and ``input_ids`` (most of their bytes for this data), which pad id 0 gets
   for free from zeroed memory; so the real pad id costs at least that write more. numpy
   asks for transparent huge pages on large arrays, and the machine's setting is printed:
-  with huge pages every page of the batch is faulted in either way and the difference is
-  the write alone; with 4 KiB pages (``NUMPY_MADVISE_HUGEPAGE=0``, or THP ``never``) pad id
+  with huge pages (2 MiB, over a dozen rows of this data) every page of the batch holds
+  real tokens and is faulted in either way, and the difference is the write alone; with 4 KiB pages (``NUMPY_MADVISE_HUGEPAGE=0``, or THP ``never``) pad id
   0 leaves the pages of pure padding untouched while a real pad id faults them in, so the
   gap between the two grows.
 
 Repeats: ``to_verl`` and the copies run once untimed, then ``--repeats`` times
-interleaved, with the garbage collector off. verl's post-processing (20 to 70 s per run
+interleaved, with the garbage collector off. verl's post-processing (20 to 100 s per run
 for the default data on 2 busy cores) runs once untimed (the checked batch), then
-``--verl-repeats`` times. The table
-shows the wall-clock median, minimum and maximum, and the median CPU time of the process
-that ran it (user + system, all its threads: what other work on a shared machine does
-not inflate, though it does not see a wait for memory either). The ratio to verl is judged
-on the wall-clock medians, and also given as the range from the least to the most
-favourable pairing of runs, min to min, and in CPU time.
+``--verl-repeats`` times. The table shows the wall-clock median, minimum and maximum, and
+the median CPU time of the process that ran it (user + system, all its threads: what
+other work on a shared machine does not inflate). The ratio to verl is judged on the
+wall-clock medians, and also given as the range from the least to the most favourable
+pairing of runs, min to min, and in CPU time.
 
 The verl venv needs, besides what ``.ci/integrations.sh`` installs for the protocol tests,
 the modules ``verl.experimental.agent_loop`` imports at its top (none of them runs in the
@@ -112,7 +111,7 @@ Memory: the padded batch of the default data is about 0.86 GB (1,024 rows x ~18k
 columns, six int64 and two float32 tensors). verl's subprocess holds the Python-list
 inputs, the per-sample tensors and the concatenated batch at once: it peaks at about 2.5 GB.
 
-Run (from the repository root; about 3 minutes on 2 cores, most of it verl's runs)::
+Run (from the repository root; 3 to 8 minutes on 2 cores, most of it verl's runs)::
 
     python benchmarks/collate.py
     python benchmarks/collate.py --verl-python /path/to/.venv-verl/bin/python --json results.json

@@ -51,6 +51,7 @@ __all__ = [
 
 Overlong = Literal["error", "truncate"]
 GroupKey = Callable[[Trajectory], Hashable]
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 
 def _group_key(t: Trajectory) -> Hashable:
@@ -112,6 +113,19 @@ def _place_rewards(t: Trajectory, i: int, pl: int, n: int, rewards: np.ndarray, 
             row[n - 1] += lost
         else:
             raise ValueError(f"trajectory {i}: response_length={rewards.shape[1]} leaves no token to carry its reward")
+
+
+def _pad_id(pad_token_id: Any) -> int:
+    """The pad id as a Python int that fits the int64 id tensors, or a named error."""
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
+        raise TypeError(
+            f"pad_token_id must be an integer token id, not {pad_token_id!r}: pass tokenizer.pad_token_id "
+            "(or tokenizer.eos_token_id when the tokenizer has no pad token)"
+        )
+    pad = int(pad_token_id)
+    if not _INT64_MIN <= pad <= _INT64_MAX:
+        raise ValueError(f"pad_token_id={pad} does not fit the int64 id tensors")
+    return pad
 
 
 def _per_traj_advantages(advantages: Sequence[float] | np.ndarray | None, n: int) -> np.ndarray | None:
@@ -184,7 +198,9 @@ def to_verl(
         overlong: a response longer than R raises (``"error"``) or is cut at its end
             (``"truncate"``; the row's ``truncated_to_fit`` is True). A prompt longer than P
             always raises: cutting it would change the context of every token after it.
-        pad_token_id: the id written on padding (attention_mask says what is real, not this id).
+        pad_token_id: the id written on padding (attention_mask says what is real, not this id);
+            verl pads with ``tokenizer.pad_token_id``. Any int64 value; a non-zero id costs
+            little more than 0: it is written on the padding only.
         advantages: one value per trajectory (e.g. :func:`grpo_advantages`), broadcast to the
             row's action tokens as the ``advantages`` tensor.
 
@@ -208,14 +224,19 @@ def to_verl(
 
     # Every row is written with a few contiguous slice copies (no per-row temporaries,
     # no whole-batch passes): W = P + R columns, the real tokens of row i are the
-    # columns [P - pl, P + n). Zero-initialised buffers only get their non-zero parts
-    # written. `prompts` and `responses` are separate buffers (not views of
-    # `input_ids`), so a trainer may modify one without touching the others.
+    # columns [P - pl, P + n). Each byte is written once: zero-initialised buffers only
+    # get their non-zero parts written, and the id buffers of a non-zero pad id are left
+    # uninitialised and get the pad id on their padding only (filling them whole first
+    # would write every real token twice). `prompts` and `responses` are separate
+    # buffers (not views of `input_ids`), so a trainer may modify one without touching
+    # the others.
     W = P + R
-    alloc = np.zeros if pad_token_id == 0 else (lambda shape, dtype: np.full(shape, pad_token_id, dtype=dtype))
-    prompts = alloc((B, P), dtype=np.int64)
-    responses = alloc((B, R), dtype=np.int64)
-    input_ids = alloc((B, W), dtype=np.int64)
+    pad = _pad_id(pad_token_id)
+    fill_pad = pad != 0
+    alloc_ids = np.empty if fill_pad else np.zeros
+    prompts = alloc_ids((B, P), dtype=np.int64)
+    responses = alloc_ids((B, R), dtype=np.int64)
+    input_ids = alloc_ids((B, W), dtype=np.int64)
     attention = np.zeros((B, W), dtype=np.int64)
     position_ids = np.zeros((B, W), dtype=np.int64)
     response_mask = np.zeros((B, R), dtype=np.int64)
@@ -243,18 +264,31 @@ def to_verl(
         # Segment by segment into input_ids (no concatenated copy of the trajectory);
         # action segments also set response_mask and logprobs.
         row = input_ids[i]
+        if fill_pad:
+            row[:start] = pad
+            row[stop:] = pad
+            prompts[i, :start] = pad
+            responses[i, n:] = pad
+        # The end of each action and its reward, for the rewards row; `whole` is False when
+        # the cut stopped the walk before the last segment.
+        ends: list[tuple[int, float]] = []
+        whole = True
         for seg, a, z in zip(t.segments, t.offsets[:-1].tolist(), t.offsets[1:].tolist()):
             if a >= pl + n:
+                whole = False
                 break
+            if seg.kind is SegmentKind.ACTION:
+                ends.append((z, seg.reward))
             z = min(z, pl + n)
             row[start + a : start + z] = seg.token_ids[: z - a]
             if seg.kind is SegmentKind.ACTION and z > a:
                 response_mask[i, a - pl : z - pl] = 1
                 if seg.logprobs is not None:
-                    lp = seg.logprobs[: z - a]
-                    if not np.isfinite(lp).all():
-                        lp = np.nan_to_num(lp, nan=0.0)
-                    logprobs[i, a - pl : z - pl] = lp
+                    logprobs[i, a - pl : z - pl] = seg.logprobs[: z - a]
+        # One check per row: a sum is finite only if every logprob is (NaN means "none").
+        lp_row = logprobs[i, :n]
+        if not np.isfinite(lp_row.sum()):
+            np.nan_to_num(lp_row, copy=False, nan=0.0)
         prompts[i, start:] = row[start:P]
         responses[i, :n] = row[P:stop]
         attention[i, start:stop] = 1
@@ -263,7 +297,12 @@ def to_verl(
         position_ids[i, start:stop] = positions[: pl + n]
         if stop < W and pl + n:
             position_ids[i, stop:] = pl + n - 1
-        _place_rewards(t, i, pl, n, rewards, response_mask)
+        if whole and all(pl < end <= pl + n for end, _ in ends):  # every reward has its token
+            reward_row = rewards[i]
+            for end, reward in ends:
+                reward_row[end - 1 - pl] += reward
+        else:
+            _place_rewards(t, i, pl, n, rewards, response_mask)
 
     tensors = {
         "prompts": torch.from_numpy(prompts),

@@ -194,6 +194,138 @@ def test_verl_fixed_lengths_pad_and_round_trip(trajs):
     assert_same_tokens(from_verl(b.tensors), trajs)
 
 
+VERL_KEYS = (
+    "prompts",
+    "responses",
+    "response_mask",
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "rollout_log_probs",
+    "token_level_rewards",
+)
+
+
+def reference_verl(trajs, P: int, R: int, pad: int) -> dict[str, torch.Tensor]:
+    """The verl layout built the plain way, row by row from Python lists (responses cut at R)."""
+    rows: dict[str, list] = {k: [] for k in VERL_KEYS}
+    for t in trajs:
+        pl = t.prompt_len
+        n = min(len(t) - pl, R)
+        ids, mask = t.token_ids.tolist(), t.mask.tolist()
+        lp = np.nan_to_num(t.logprobs, nan=0.0).tolist()
+        attn = [0] * (P - pl) + [1] * (pl + n) + [0] * (R - n)
+        rewards = np.zeros(R, dtype=np.float32)
+        lost = 0.0
+        for (_, end), a in zip(t.action_spans, t.actions):
+            if pl < end <= pl + n:
+                rewards[end - 1 - pl] += a.reward
+            else:
+                lost += a.reward
+        if lost:
+            kept = [c for c in range(n) if mask[pl + c]]
+            rewards[kept[-1] if kept else n - 1] += lost
+        rows["prompts"].append([pad] * (P - pl) + ids[:pl])
+        rows["responses"].append(ids[pl : pl + n] + [pad] * (R - n))
+        rows["response_mask"].append(mask[pl : pl + n] + [0] * (R - n))
+        rows["input_ids"].append(rows["prompts"][-1] + rows["responses"][-1])
+        rows["attention_mask"].append(attn)
+        rows["position_ids"].append(np.clip(np.cumsum(attn) - 1, 0, None).tolist())  # verl's formula
+        rows["rollout_log_probs"].append(lp[pl : pl + n] + [0.0] * (R - n))
+        rows["token_level_rewards"].append(rewards.tolist())
+    floats = ("rollout_log_probs", "token_level_rewards")
+    return {
+        k: torch.tensor(np.array(v, dtype=np.float32 if k in floats else np.int64).reshape(len(trajs), -1))
+        for k, v in rows.items()
+    }
+
+
+def padding_cases() -> dict[str, tuple[list[Trajectory], dict]]:
+    """Batches whose rows have no, some and maximal padding on either side, with and without a cut."""
+    rng = np.random.default_rng(7)
+
+    def ids(n: int) -> list[int]:
+        return rng.integers(0, 151_643, n).tolist()
+
+    def rand(prompt_len: int, *turns: tuple[int, int]) -> Trajectory:
+        """``turns``: (action tokens, observation tokens); logprobs on every other action."""
+        return make(
+            ids(prompt_len),
+            *(
+                (ids(a), -rng.random(a).astype(np.float32) if k % 2 == 0 else None, 0.25 * (k + 1), ids(o))
+                for k, (a, o) in enumerate(turns)
+            ),
+        )
+
+    longest_prompt = rand(9, (3, 2))
+    longest_response = rand(2, (4, 5), (6, 0))
+    both = rand(9, (4, 5), (6, 0))  # the longest prompt and the longest response: no padding at all
+    prompt_only = make(ids(1))  # one prompt token, no response: maximal padding
+    mixed = [longest_prompt, prompt_only, longest_response, rand(1, (1, 0)), rand(5, (2, 3), (1, 1), (2, 0))]
+    # Rewards of empty actions land on the token before them; NaN logprobs read as 0.0, infinities stay.
+    odd = [
+        make(ids(2), ([], None, 1.0, ids(2)), (ids(3), np.array([np.nan, -np.inf, -0.5], np.float32), 0.5, None)),
+        make(ids(1), (ids(1), [-0.25], 1.0, ids(1)), ([], None, 0.5, None)),
+        make(ids(3), (ids(2), np.array([np.nan, np.nan], np.float32), -1.0, ids(4)), ([], None, 2.0, ids(1))),
+    ]
+    return {
+        "minimal widths": (mixed, {}),
+        "no padding in one row": ([both, prompt_only, rand(3, (2, 1))], {}),
+        "no padding at all": ([both], {}),
+        "one padded row": ([prompt_only], {}),
+        "wider than every row": (mixed, {"prompt_length": 12, "response_length": 20}),
+        "responses cut": (mixed + [both], {"response_length": 6, "overlong": "truncate"}),
+        "response width 0": ([prompt_only], {"response_length": 0}),
+        "empty actions, non-finite logprobs": (odd + mixed, {}),
+        "empty actions, responses cut": (odd, {"response_length": 3, "overlong": "truncate"}),
+    }
+
+
+def test_verl_padding_equals_reference_for_every_pad_id(qwen3):
+    """Every tensor (keys, dtypes, values) equals the plain reference, whatever the pad id.
+
+    Non-zero pad ids leave the id buffers uninitialised and write only the padding, so a
+    missed padding region would show whatever the memory held: the pad ids alternate, so
+    that memory a previous batch freed holds a different id.
+    """
+    assert qwen3.pad_token_id not in (None, 0)
+    pads = [qwen3.pad_token_id, 2**62 + 3, 0, -7, qwen3.pad_token_id, np.iinfo(np.int64).max, np.int64(5)]
+    for name, (batch, kwargs) in padding_cases().items():
+        P = kwargs.get("prompt_length", max(t.prompt_len for t in batch))
+        R = kwargs.get("response_length", max(len(t) - t.prompt_len for t in batch))
+        for pad in pads:
+            got = to_verl(batch, pad_token_id=pad, **kwargs).tensors
+            want = reference_verl(batch, P, R, int(pad))
+            assert list(got) == list(want), name
+            for k in VERL_KEYS:
+                assert got[k].dtype == want[k].dtype, (name, pad, k)
+                assert torch.equal(got[k], want[k]), (name, pad, k)
+
+
+def test_verl_real_trajectories_equal_reference_with_the_real_pad_id(trajs, qwen3):
+    P = max(x.prompt_len for x in trajs)
+    R = max(len(x) - x.prompt_len for x in trajs)
+    for pad in (0, qwen3.pad_token_id, 0):
+        got = to_verl(trajs, pad_token_id=pad).tensors
+        want = reference_verl(trajs, P, R, pad)
+        for k in VERL_KEYS:
+            assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), (pad, k)
+
+
+def test_verl_pad_id_must_be_an_int64_id():
+    with pytest.raises(TypeError, match="must be an integer token id, not None: pass tokenizer.pad_token_id"):
+        to_verl(HAND, pad_token_id=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not 1.5"):
+        to_verl(HAND, pad_token_id=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not True"):
+        to_verl(HAND, pad_token_id=True)
+    # Refused even when no row has padding to write it on.
+    with pytest.raises(ValueError, match=r"pad_token_id=9223372036854775808 does not fit the int64 id tensors"):
+        to_verl([HAND[0]], pad_token_id=2**63)
+    with pytest.raises(ValueError, match="does not fit"):
+        to_verl(HAND, pad_token_id=-(2**63) - 1)
+
+
 def test_verl_overlong_error_names_the_row():
     with pytest.raises(ValueError, match=r"trajectory 1: response has 10 tokens, response_length is 8"):
         to_verl(HAND, response_length=8)

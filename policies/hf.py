@@ -112,12 +112,9 @@ class HFPolicy:
         import torch
         from transformers import DynamicCache
 
-        params = per_request(sampling, len(contexts))
-        contexts = check_contexts(contexts)
+        contexts, params = self._requests(contexts, sampling)
         if not contexts:
             return []
-        if self.tokenizer is None and any(p.stop_strings for p in params):
-            raise ValueError("stop strings need the tokenizer: HFPolicy(model, tokenizer)")
         n = len(contexts)
         width = max(len(c) for c in contexts)
         ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
@@ -157,6 +154,16 @@ class HFPolicy:
             for i in range(n)
         ]
 
+    def _requests(
+        self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
+    ) -> tuple[list[list[int]], list[SamplingParams]]:
+        """The checked contexts and one SamplingParams each (stop strings need the tokenizer)."""
+        params = per_request(sampling, len(contexts))
+        checked = check_contexts(contexts)
+        if self.tokenizer is None and any(p.stop_strings for p in params):
+            raise ValueError("stop strings need the tokenizer: HFPolicy(model, tokenizer)")
+        return checked, params
+
     # ------------------------------------------------------------ decode pieces
     def generator(self, p: SamplingParams) -> torch.Generator:
         """The request's own random generator (seeded by ``p.seed``, else at random)."""
@@ -195,12 +202,9 @@ class HFPolicy:
         the next step (:mod:`tokengym.policies.continuous`); otherwise one batched call in a thread."""
         import asyncio
 
-        params = per_request(sampling, len(contexts))
-        contexts = check_contexts(contexts)
+        contexts, params = self._requests(contexts, sampling)
         if not contexts:
             return []
-        if self.tokenizer is None and any(p.stop_strings for p in params):
-            raise ValueError("stop strings need the tokenizer: HFPolicy(model, tokenizer)")
         if not self.continuous_batching:
             return await asyncio.to_thread(self.generate, contexts, params)
         if self._decoder is None:

@@ -42,6 +42,7 @@ from .store import (
     log_paths,
     shard_paths,
 )
+from . import views as _views
 from .trajectory import Trajectory
 from .views import (
     ANSI_COLORS,
@@ -62,17 +63,8 @@ __all__ = [
     "format_summary",
     "main",
     "summarize_store",
-    # the views (tokengym.recorder.views), importable from here as before
-    "ANSI_COLORS",
-    "HTML_COLORS",
-    "TrajectoryView",
-    "render_legend_text",
-    "render_trajectory_html",
-    "render_trajectory_text",
-    "render_turn_table",
-    "segment_texts",
-    "strip_ansi",
-    "view",
+    # and the views (tokengym.recorder.views), importable from here as before
+    *_views.__all__,
 ]
 
 _SUMMARY_COLUMNS = [

@@ -13,9 +13,8 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
-import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from tiny_qwen3 import tiny_qwen3
 from tokengym.envs import CalculatorEnv, ReplayEnv
 from tokengym.policies import HFPolicy, SamplingParams, ScriptedPolicy
 from tokengym.policies.batching import PolicyInterrupted, RequestBatcher
@@ -27,13 +26,7 @@ from tokengym.recorder.wrapper import RecordEpisodes
 
 @pytest.fixture(scope="module")
 def tiny_policy(qwen3):
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=len(qwen3), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    return HFPolicy(Qwen3ForCausalLM(config).eval(), qwen3)
+    return HFPolicy(tiny_qwen3(len(qwen3)), qwen3)
 
 
 class SlowTools(gym.Wrapper):

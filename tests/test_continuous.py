@@ -11,8 +11,8 @@ import threading
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from tiny_qwen3 import tiny_qwen3
 from tokengym.envs import ReplayEnv
 from tokengym.policies import HFPolicy, SamplingParams
 from tokengym.policies.batching import RequestBatcher
@@ -20,13 +20,7 @@ from tokengym.policies.continuous import UnsupportedCache
 from tokengym.recorder import rollout
 
 
-def tiny(vocab: int, **extra) -> Qwen3ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, max_position_embeddings=4096, tie_word_embeddings=True, **extra,
-    )
-    return Qwen3ForCausalLM(config).eval()
+tiny = tiny_qwen3
 
 
 @pytest.fixture(scope="module")

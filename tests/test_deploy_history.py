@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from tokengym.envs import ReplayEnv
 from tokengym.policies import HFPolicy, SamplingParams, ScriptedPolicy
@@ -19,6 +18,7 @@ from tokengym.recorder.trl import trl_prompts, trl_rollout_func
 from tokengym.recorder.wrapper import RecordEpisodes
 
 from lawcheck import recompute_logprobs
+from tiny_qwen3 import tiny_qwen3
 
 CHAT = {"messages": [
     {"role": "system", "content": "Answer briefly."},
@@ -92,12 +92,7 @@ def test_a_prefix_stable_template_keeps_one_sequence_identical_to_keep_mode(qwen
 
 
 def test_the_law_holds_on_every_row_with_a_real_model(qwen3, tmp_path):
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=len(qwen3), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, max_position_embeddings=4096, tie_word_embeddings=True,
-    )
-    model = Qwen3ForCausalLM(config).eval()
+    model = tiny_qwen3(len(qwen3))
     policy = HFPolicy(model, qwen3)
     try:
         with TrajectoryWriter(tmp_path / "s", tokenizer=qwen3) as writer:

@@ -7,9 +7,8 @@ members of a group really sample differently), the real Parquet store and the CL
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from tiny_qwen3 import tiny_qwen3
 from tokengym.envs import CalculatorEnv, ChatEnv, Prompt
 from tokengym.policies import HFPolicy, SamplingParams, ScriptedPolicy
 from tokengym.recorder import GroupSignal, TrajectoryWriter, group_signal, read_trajectories, rollout, summary_table
@@ -18,13 +17,7 @@ from tokengym.recorder.cli import main
 
 @pytest.fixture(scope="module")
 def tiny_policy(qwen25):
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=len(qwen25), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    return HFPolicy(Qwen3ForCausalLM(config).eval(), qwen25)
+    return HFPolicy(tiny_qwen3(len(qwen25)), qwen25)
 
 
 def prompt_of(traj):

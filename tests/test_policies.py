@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from tiny_qwen3 import tiny_qwen3
 from tokengym.envs import ReplayEnv
 from tokengym.policies import Generation, HFPolicy, SamplingParams, ScriptedPolicy
 from tokengym.policies.hf import _filter_logits
@@ -22,13 +22,7 @@ from lawcheck import recompute_logprobs
 
 @pytest.fixture(scope="module")
 def tiny(qwen3):
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=len(qwen3), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    return Qwen3ForCausalLM(config).eval()
+    return tiny_qwen3(len(qwen3))
 
 
 @pytest.fixture(scope="module")

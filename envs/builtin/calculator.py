@@ -12,6 +12,12 @@ The ``calculate`` tool evaluates an arithmetic expression with a small AST inter
 exact fractions (no ``eval``): numbers, ``+ - * / // % **`` (``^`` also means power),
 parentheses, and ``abs round min max sqrt floor ceil``, ``pi``, ``e``. Anything else is
 refused with a message saying what is not supported; sizes are capped.
+
+**Worked examples** (``few_shot=k``): ``k`` solved exchanges go before the question as earlier
+turns of the conversation (question, a ``calculate`` call, its result, ``<answer>N</answer>``),
+rendered by the chat template like any other turn. A model as small as SmolLM2-135M does not
+call a tool from the schema alone; it does copy a pattern it has just seen twice. The examples
+use names and items the generated problems never use, so no example is one of the problems.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import numpy as np
 from ..tool_env import ToolEnv, answer_reward
 from ..tools import ToolError, tool
 
-__all__ = ["CalculatorEnv", "calculate", "evaluate", "word_problem"]
+__all__ = ["FEW_SHOT_EXAMPLES", "CalculatorEnv", "calculate", "evaluate", "few_shot_messages", "word_problem"]
 
 MAX_EXPRESSION_CHARS = 500
 MAX_BITS = 4000  # numerator / denominator size of any intermediate value
@@ -38,6 +44,17 @@ SYSTEM_PROMPT = (
     "Solve the math word problem. You may use the calculate tool for arithmetic. "
     "When you are done, reply with the final answer as a number in the form <answer>NUMBER</answer>."
 )
+
+FEW_SHOT_EXAMPLES: tuple[tuple[str, str, int], ...] = (
+    ("Sam has 12 pears and gets 5 more. How many pears does Sam have now?", "12 + 5", 17),
+    ("Tom had 40 coins and gave away 15. How many coins are left?", "40 - 15", 25),
+    ("A bag holds 6 beads. How many beads are in 4 bags?", "6 * 4", 24),
+)
+"""(question, expression, answer) of the worked examples, in the order ``few_shot`` takes them."""
+EXAMPLE_LEAD = "I will use the calculator."
+"""The text before each example's call: a turn that opens with ``<`` is, to a small model, as
+likely the ``<tool_response>`` the template puts at the start of result turns."""
+_EXAMPLE_TURN = 1000  # call ids of the examples are made for turns no episode reaches
 
 
 # ------------------------------------------------------------------ evaluator
@@ -324,6 +341,23 @@ def word_problem(seed: int, difficulty: int = 1) -> dict[str, Any]:
     }
 
 
+def few_shot_messages(count: int, make_call_id: Callable[[int, int], str]) -> list[dict[str, Any]]:
+    """The first ``count`` worked examples as chat messages (``make_call_id(turn, index)`` names their calls)."""
+    if not 0 <= count <= len(FEW_SHOT_EXAMPLES):
+        raise ValueError(f"few_shot must be between 0 and {len(FEW_SHOT_EXAMPLES)}, got {count!r}")
+    messages: list[dict[str, Any]] = []
+    for k, (question, expression, answer) in enumerate(FEW_SHOT_EXAMPLES[:count]):
+        call_id = make_call_id(_EXAMPLE_TURN + k, 0)
+        call = {"id": call_id, "type": "function", "function": {"name": "calculate", "arguments": {"expression": expression}}}
+        messages += [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": EXAMPLE_LEAD, "tool_calls": [call]},
+            {"role": "tool", "content": calculate(expression), "tool_call_id": call_id, "name": "calculate"},
+            {"role": "assistant", "content": f"<answer>{answer}</answer>"},
+        ]
+    return messages
+
+
 class CalculatorEnv(ToolEnv):
     """Word problems and a ``calculate`` tool; reward 1 for ``<answer>N</answer>`` with the right N.
 
@@ -331,17 +365,22 @@ class CalculatorEnv(ToolEnv):
         tokenizer: as for :class:`~tokengym.envs.ChatEnv`.
         difficulty: 1, 2 or 3; ``reset(options={"difficulty": k})`` overrides it per episode,
             ``reset(options={"problem_seed": s})`` picks a problem.
+        few_shot: how many worked examples (0 to 3, :data:`FEW_SHOT_EXAMPLES`) precede the
+            question, after the system prompt.
         **kwargs: as for :class:`~tokengym.envs.ToolEnv` (``max_turns`` defaults to 6).
     """
 
-    def __init__(self, tokenizer: Any, difficulty: int = 1, **kwargs: Any) -> None:
+    def __init__(self, tokenizer: Any, difficulty: int = 1, few_shot: int = 0, **kwargs: Any) -> None:
         if difficulty not in _LEVELS:
             raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
+        if not 0 <= few_shot <= len(FEW_SHOT_EXAMPLES):
+            raise ValueError(f"few_shot must be between 0 and {len(FEW_SHOT_EXAMPLES)}, got {few_shot!r}")
         kwargs.setdefault("max_turns", 6)
         kwargs.setdefault("system_prompt", SYSTEM_PROMPT)
         kwargs.setdefault("reward_fn", answer_reward)
         super().__init__(tokenizer, tools=[calculate], **kwargs)
         self.difficulty = difficulty
+        self.few_shot = few_shot
 
     def sample_task(self, options: dict[str, Any]) -> dict[str, Any]:
         if "task" in options:
@@ -349,3 +388,10 @@ class CalculatorEnv(ToolEnv):
         difficulty = int(options.get("difficulty", self.difficulty))
         seed = int(options["problem_seed"]) if "problem_seed" in options else int(self.np_random.integers(2**31))
         return word_problem(seed, difficulty)
+
+    def task_messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        messages = super().task_messages(task)
+        if not self.few_shot:
+            return messages
+        at = 1 if messages and messages[0].get("role") == "system" else 0
+        return [*messages[:at], *few_shot_messages(self.few_shot, self.parser.make_call_id), *messages[at:]]

@@ -53,7 +53,8 @@ def grade_metrics(traj: Trajectory) -> dict[str, float]:
 @dataclass(frozen=True)
 class GRPOConfig:
     """The settings of :func:`train_grpo`. The defaults are those that learned ``tokengym/Addition-v0``
-    with SmolLM2-135M-Instruct on a CPU; a learning rate 6x larger (3e-5) climbed faster, then collapsed."""
+    with SmolLM2-135M-Instruct on a CPU; at 3e-5 the same run climbed faster, then collapsed after
+    about 65 iterations: a fixed budget at a small learning rate, or ``kl_coef``, guards against that."""
 
     iterations: int = 60
     tasks_per_iteration: int = 4

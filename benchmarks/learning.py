@@ -7,7 +7,8 @@ and reports, in one run:
 
 * mean reward, format rate and correct rate: the first 3 iterations vs the last 3;
 * held-out accuracy (32 questions from reset seeds training never uses, greedy) before
-  training and after each 10 iterations;
+  training and after each 10 iterations, also over only those questions that training did
+  not happen to ask from another seed (0..20 + 0..20 is a small space);
 * seconds per iteration (generation and training apart) and the process's peak RSS;
 * the largest ``|recomputed - rollout|`` logprob before an update (on-policy: float noise).
 
@@ -68,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"SmolLM2-135M-Instruct on tokengym/Addition-v0: lr {args.lr:g}, kl_coef {args.kl_coef:g}, "
           f"{config.tasks_per_iteration} questions x {config.group_size} samples per iteration")
     print(run.summary(window=3))
-    print(f"  held-out accuracy {run.evals[0].metrics['correct']:.3f} -> {run.evals[-1].metrics['correct']:.3f}")
+    first, last = run.evals[0], run.evals[-1]
+    print(f"  held-out accuracy {first.metrics['correct']:.3f} -> {last.metrics['correct']:.3f}; on the "
+          f"{config.eval_episodes - last.seen} held-out questions training never asked: "
+          f"{first.unseen_metrics.get('correct', float('nan')):.3f} -> {last.unseen_metrics.get('correct', float('nan')):.3f}")
     print(f"  {total:.0f} s for the loop (evaluations included), {loaded - start:.0f} s to load; peak RSS {peak_gb:.1f} GB")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -115,11 +115,20 @@ class IterationLog:
 
 @dataclass(frozen=True)
 class EvalLog:
-    """A held-out evaluation after ``iteration`` updates."""
+    """A held-out evaluation after ``iteration`` updates.
+
+    Its reset seeds are never used for training, but a small task space can still draw the
+    same task from a training seed: ``seen`` counts the held-out episodes whose
+    ``metadata["task_id"]`` training has already sampled, and ``unseen_reward`` /
+    ``unseen_metrics`` are the means over the others (NaN when there are none).
+    """
 
     iteration: int
     reward: float
     metrics: dict[str, float]
+    seen: int = 0
+    unseen_reward: float = float("nan")
+    unseen_metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -148,7 +157,11 @@ class TrainingRun:
             lines.append(f"  {name:<12} {s[:k].mean():.3f} -> {s[-k:].mean():.3f}")
         for e in self.evals:
             shown = "  ".join(f"{n} {v:.3f}" for n, v in e.metrics.items())
-            lines.append(f"  held-out after {e.iteration:>3} updates: reward {e.reward:.3f}  {shown}")
+            unseen = "  ".join(f"{n} {v:.3f}" for n, v in e.unseen_metrics.items())
+            lines.append(
+                f"  held-out after {e.iteration:>3} updates: reward {e.reward:.3f}  {shown}"
+                f"  (the {self.config.eval_episodes - e.seen} never trained on: reward {e.unseen_reward:.3f}  {unseen})"
+            )
         gen, train = self.series("generate_s").mean(), self.series("train_s").mean()
         lines.append(f"  {gen + train:.1f} s per iteration ({gen:.1f} s generation, {train:.1f} s training)")
         lines.append(f"  max |recomputed - rollout| logprob before an update: {self.series('logprob_diff').max():.1e}")
@@ -207,10 +220,17 @@ def train_grpo(
     run = TrainingRun(c)
     n = c.tasks_per_iteration * c.group_size
 
+    trained: set[Any] = set()  # the task ids training has sampled
+
     def evaluate(after: int) -> None:
         with torch.no_grad():
             trajs = _run(make_env, policy, episodes=c.eval_episodes, group_size=1, sampling=c.eval_sampling, seed=c.eval_seed)
-        log = EvalLog(after, *_means(trajs, metrics))
+        unseen = [t for t in trajs if t.metadata.get("task_id") is None or t.metadata["task_id"] not in trained]
+        if unseen:
+            unseen_reward, unseen_metrics = _means(unseen, metrics)
+        else:
+            unseen_reward, unseen_metrics = float("nan"), {}
+        log = EvalLog(after, *_means(trajs, metrics), len(trajs) - len(unseen), unseen_reward, unseen_metrics)
         run.evals.append(log)
         if on_eval is not None:
             on_eval(log)
@@ -221,6 +241,7 @@ def train_grpo(
         start = time.perf_counter()
         trajs = _run(make_env, policy, episodes=n, group_size=c.group_size, sampling=c.sampling, seed=c.seed + it * c.tasks_per_iteration)
         generated = time.perf_counter()
+        trained.update(t.metadata["task_id"] for t in trajs if t.metadata.get("task_id") is not None)
         groups = grpo_advantages(trajs)  # warns (NoGroupSignalWarning) when no group has a signal
         batch = to_verl(trajs, advantages=groups.advantages)
         t = batch.tensors

@@ -125,6 +125,19 @@ def test_the_loop_updates_on_a_signal_and_stays_on_policy(tiny, qwen3):
     assert not torch.equal(before, tiny.get_output_embeddings().weight)
     assert set(run.iterations[0].metrics) == {"format_ok", "correct"}
     assert run.series("reward").shape == (2,) and "2 iterations" in run.summary()
+    # Held-out questions that training happened to ask are counted, and left out of the unseen means.
+    assert run.evals[0].seen == 0 and run.evals[0].unseen_metrics == run.evals[0].metrics
+
+
+def test_held_out_tasks_that_training_asked_are_counted(tiny, qwen3):
+    """One question for every seed: the held-out episodes all ask what training asked."""
+    class OneQuestion(AdditionEnv):
+        def make_prompt(self, options):
+            return super().make_prompt({"a": 2, "b": 3})
+
+    run = train_grpo(tiny, qwen3, lambda: FirstTokenParity(OneQuestion(qwen3)), small(iterations=1, eval_episodes=3))
+    assert [e.seen for e in run.evals] == [0, 3]  # nothing trained before the first evaluation
+    assert math.isnan(run.evals[1].unseen_reward) and run.evals[1].unseen_metrics == {}
 
 
 def test_no_signal_no_step(tiny, qwen3):

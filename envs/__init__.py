@@ -9,7 +9,7 @@ found by :func:`make_env` (``module:id``, modules to import, the ``tokengym.envs
 import sys
 from typing import Any
 
-from .builtin import CalculatorEnv, KeyValueEnv, PythonSandboxEnv, ShellEnv
+from .builtin import AdditionEnv, CalculatorEnv, KeyValueEnv, PythonSandboxEnv, ShellEnv
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt, token_space
 from .conformance import Conformance, ConformanceError, ConformanceSchedule, KnownBehaviour
 from .parsers import (
@@ -64,6 +64,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "PARSERS",
     "PINNED_TOKENIZERS",
+    "AdditionEnv",
     "AssistantTurn",
     "CalculatorEnv",
     "CallRecord",

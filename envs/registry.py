@@ -47,6 +47,7 @@ ENTRY_POINT_GROUP = "tokengym.envs"
 
 BUILTIN_ENVS = {
     "tokengym/Replay-v0": "tokengym.envs.replay:ReplayEnv",
+    "tokengym/Addition-v0": "tokengym.envs.builtin.addition:AdditionEnv",
     "tokengym/Calculator-v0": "tokengym.envs.builtin.calculator:CalculatorEnv",
     "tokengym/KeyValue-v0": "tokengym.envs.builtin.keyvalue:KeyValueEnv",
     "tokengym/PythonSandbox-v0": "tokengym.envs.builtin.python_sandbox:PythonSandboxEnv",

@@ -13,8 +13,10 @@ not there fails at once instead of being taken for a hub name.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,12 +47,42 @@ def smollm2_dir() -> Path:
     return packaged_model_dir(SMOLLM2)[0]
 
 
-def load_smollm2(device: str = "cpu") -> tuple[Any, Any]:
-    """(model, tokenizer) of SmolLM2-135M-Instruct, float32, in eval mode."""
+def load_smollm2(device: str = "cpu", *, progress: bool = True) -> tuple[Any, Any]:
+    """(model, tokenizer) of SmolLM2-135M-Instruct, float32, in eval mode.
+
+    ``progress=False`` hides transformers' de-quantization and loading progress bars (pages
+    of them in a notebook's output); they are shown again afterwards if they were on.
+    """
     from tokengym.envs.tokenizers import load_tokenizer
 
-    model = _load_smollm2_model()
-    return model.to(device).eval(), load_tokenizer(SMOLLM2)
+    tokenizer = load_tokenizer(SMOLLM2)
+    with contextlib.nullcontext() if progress else _quiet_loading():
+        model = _load_smollm2_model()
+    return model.to(device).eval(), tokenizer
+
+
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """No progress bars while loading: transformers' own (its logging switch) and the GGUF
+    de-quantization's, a plain ``tqdm`` that switch does not reach (replaced, for the duration,
+    by one that is disabled)."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    bars_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is not None:
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+        if bars_on:
+            hf_logging.enable_progress_bar()
 
 
 def _load_smollm2_model(**from_pretrained: Any) -> Any:

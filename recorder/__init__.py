@@ -16,16 +16,19 @@ from .batches import (
     to_trl,
     to_verl,
 )
+from .learning import GRPOConfig, TrainingRun, train_grpo
 from .rollout import EpisodeError, RolloutResult, RolloutStats, rollout, summary_table
 from .segments import Segment, SegmentKind
 from .store import TrajectoryWriter, read_table, read_trajectories, tokenizer_fingerprint
-from .training import policy_logprobs
+from .training import GRPOLoss, grpo_loss, policy_logprobs
 from .trajectory import Trajectory, summarize_conformance
 from .wrapper import RecordEpisodes
 
 __all__ = [
     "EpisodeError",
     "GRPOAdvantages",
+    "GRPOConfig",
+    "GRPOLoss",
     "GroupSignal",
     "NoGroupSignalWarning",
     "PackedBatch",
@@ -34,11 +37,13 @@ __all__ = [
     "RolloutStats",
     "Segment",
     "SegmentKind",
+    "TrainingRun",
     "Trajectory",
     "VerlBatch",
     "group_by_task",
     "group_signal",
     "grpo_advantages",
+    "grpo_loss",
     "policy_logprobs",
     "rollout",
     "summarize_conformance",
@@ -46,6 +51,7 @@ __all__ = [
     "to_packed",
     "to_trl",
     "to_verl",
+    "train_grpo",
     "TrajectoryWriter",
     "read_table",
     "read_trajectories",

@@ -1,4 +1,4 @@
-"""The trainer's side of a recorded batch: the policy's log-probabilities, recomputed.
+"""The trainer's side of a recorded batch: the policy's log-probabilities, recomputed, and the GRPO loss.
 
 A trainer never trusts logprobs it did not compute: importance ratios, KL terms and the
 policy-gradient loss all need ``log pi(token | context)`` under the weights being trained,
@@ -12,6 +12,7 @@ torch is imported inside the function: importing the recorder stays light.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .batches import VerlBatch
@@ -19,7 +20,7 @@ from .batches import VerlBatch
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["policy_logprobs"]
+__all__ = ["GRPOLoss", "grpo_loss", "policy_logprobs"]
 
 _NEEDED = ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids")
 
@@ -118,3 +119,83 @@ def policy_logprobs(
             logits = logits / temperature
         parts.append(torch.log_softmax(logits, dim=-1).gather(-1, tokens[a : a + chunk, None])[:, 0])
     return out.index_put((rows, cols), torch.cat(parts))
+
+
+@dataclass(frozen=True)
+class GRPOLoss:
+    """The loss to backpropagate and its parts, as plain floats for logging."""
+
+    loss: torch.Tensor
+    """The scalar to call ``backward()`` on: ``policy_loss + kl_coef * kl``."""
+    policy_loss: float
+    kl: float
+    """Token-mean KL estimate to the reference policy (0.0 without one)."""
+    clip_fraction: float
+    """Share of policy tokens whose ratio the clip cut off (their gradient is 0)."""
+    tokens: int
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_eps: float = 0.2,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> GRPOLoss:
+    """PPO's clipped surrogate averaged over the policy tokens (verl's ``token-mean``), plus an
+    optional KL penalty to a reference policy.
+
+    ``-mean(min(r A, clip(r, 1 - eps, 1 + eps) A))`` over the tokens where ``mask`` is 1, with
+    ``r = exp(logprobs - old_logprobs)``. The KL term is the non-negative ``k3`` estimator
+    ``exp(ref - logprobs) - (ref - logprobs) - 1`` (GRPO's), also a token mean: it pulls the
+    policy back towards the reference (the start policy) and guards a run against collapse.
+
+    Args:
+        logprobs: ``[B, R]`` under the weights being trained (with gradients), e.g. from
+            :func:`policy_logprobs`.
+        old_logprobs: ``[B, R]`` of the policy that sampled the tokens (``rollout_log_probs``).
+        advantages: ``[B, R]`` per token (``to_verl(..., advantages=...)``'s ``advantages``),
+            or ``[B]`` per row.
+        mask: ``[B, R]``, 1 on the policy's tokens (``response_mask``).
+        ref_logprobs: ``[B, R]`` under the reference policy; needed when ``kl_coef > 0``.
+    """
+    import torch
+
+    if not clip_eps > 0:
+        raise ValueError(f"clip_eps must be > 0, not {clip_eps}")
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef must be >= 0, not {kl_coef}")
+    if kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs: the logprobs of the batch under the reference policy")
+    if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
+            f"{tuple(mask.shape)} must have the same [B, R] shape"
+        )
+    if advantages.dim() == 1 and advantages.shape[0] == logprobs.shape[0]:
+        advantages = advantages[:, None].expand_as(logprobs)
+    if advantages.shape != logprobs.shape:
+        raise ValueError(f"advantages {tuple(advantages.shape)} must be [B] or [B, R] = {tuple(logprobs.shape)}")
+    keep = mask.bool()
+    n = int(keep.sum())
+    if n == 0:
+        raise ValueError("the mask selects no policy token: there is nothing to train on")
+    old = old_logprobs.to(logprobs.device)
+    adv = advantages.to(device=logprobs.device, dtype=logprobs.dtype)[keep]
+    lp = logprobs[keep]
+    ratio = torch.exp(lp - old[keep])
+    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps)
+    policy_loss = -torch.minimum(ratio * adv, clipped * adv).mean()
+    loss = policy_loss
+    kl_value = 0.0
+    if ref_logprobs is not None:
+        delta = ref_logprobs.to(logprobs.device)[keep] - lp
+        kl = (torch.exp(delta) - delta - 1).mean()
+        kl_value = float(kl.detach())
+        if kl_coef > 0:
+            loss = loss + kl_coef * kl
+    clip_fraction = float(((ratio * adv) > (clipped * adv)).float().mean().detach())
+    return GRPOLoss(loss, float(policy_loss.detach()), kl_value, clip_fraction, n)

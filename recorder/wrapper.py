@@ -131,7 +131,7 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
             if "id" in self._task:
                 metadata["task_id"] = self._task["id"]  # the GRPO group key (batches.group_by_task)
         # Episode-level facts the env reports on its last step.
-        for key in ("tool_stats", "final_reward", "stop_detail"):
+        for key in ("tool_stats", "final_reward", "stop_detail", "grade"):
             if key in info:
                 metadata[key] = info[key]
         if self._tool_rewards and stop_reason != "context_reset":  # episode-level: on the last row

@@ -128,3 +128,47 @@ def test_trl_refuses_an_episode_of_several_sequences(qwen3):
 def test_bad_history_is_named(qwen3):
     with pytest.raises(ValueError, match="'keep' or 'deploy'"):
         ReplayEnv(qwen3, CHAT, history="deployed")
+
+
+NON_PREFIX_STABLE = [f for f in __import__("families").FAMILIES if not f.prefix_stable]
+
+
+@pytest.mark.parametrize("fam", NON_PREFIX_STABLE, ids=lambda f: f.name)
+def test_every_non_prefix_stable_family_runs_in_deploy_mode_with_the_law_per_row(fam):
+    """Each family whose template is not prefix-stable, on its real tokenizer: deploy mode gives the
+    template's render of the conversation as each new context, and a real model's rows keep the law."""
+    from families import tokenizer_for
+
+    tok = tokenizer_for(fam)
+
+    def env():
+        return ReplayEnv(tok, CHAT, history="deploy", chat_template=fam.chat_template,
+                         template_kwargs=dict(fam.template_kwargs), require_tools_in_prompt=False)
+
+    # Reasoning, as these models write it: what the template drops from earlier turns.
+    e = env()
+    assert e.renderer.turn_end_ids
+    think = ScriptedPolicy(lambda ctx: THOUGHT, tok, end_ids=list(e.renderer.turn_end_ids))
+    scripted = rollout(env, think, episodes=1, seed=0, progress=False)
+    rows = scripted.trajectories
+    assert scripted.stats.failed == 0, scripted.stats.errors
+    for row in rows[1:]:  # a new context is the render of the conversation so far, as deployed
+        messages = e.transcript["messages"][: 2 * row.first_turn + 2]
+        messages = [*messages[:2], *[m if m["role"] != "assistant" else {"role": "assistant", "content": THOUGHT}
+                                     for m in messages[2:]]]
+        assert row.token_ids[: row.prompt_len].tolist() == e.renderer.prompt(messages, None, deployed=True).ids
+    if fam.non_prefix_stable_cause.startswith(("reasoning dropped", "system prompt")):
+        assert scripted.stats.context_resets >= 1
+    # A real (tiny, random) model: the law on every row.
+    model = tiny_qwen3(len(tok))
+    policy = HFPolicy(model, tok)
+    try:
+        r = rollout(env, policy, episodes=2, concurrency=2, sampling=SamplingParams(max_tokens=5), seed=1, progress=False)
+    finally:
+        policy.close()
+    assert r.stats.failed == 0, r.stats.errors
+    recomputed, recorded = recompute_logprobs(model, to_verl(r.trajectories))
+    assert recomputed.numel() == sum(int(t.mask.sum()) for t in r.trajectories) > 0
+    assert torch.max(torch.abs(recomputed - recorded)).item() < 1e-4
+    print(f"{fam.name}: {len(r.trajectories)} rows for 2 episodes ({r.stats.context_resets} new contexts), "
+          f"scripted reasoning: {scripted.stats.context_resets} new contexts")

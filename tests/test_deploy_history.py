@@ -130,13 +130,10 @@ def test_bad_history_is_named(qwen3):
         ReplayEnv(qwen3, CHAT, history="deployed")
 
 
-NON_PREFIX_STABLE = [f for f in __import__("families").FAMILIES if not f.prefix_stable]
-
-
-@pytest.mark.parametrize("fam", NON_PREFIX_STABLE, ids=lambda f: f.name)
-def test_every_non_prefix_stable_family_runs_in_deploy_mode_with_the_law_per_row(fam):
-    """Each family whose template is not prefix-stable, on its real tokenizer: deploy mode gives the
-    template's render of the conversation as each new context, and a real model's rows keep the law."""
+@pytest.mark.parametrize("fam", __import__("families").FAMILIES, ids=lambda f: f.name)
+def test_every_family_runs_in_deploy_mode_with_the_law_per_row(fam):
+    """Each family on its real tokenizer: deploy mode gives the template's render of the conversation
+    as each new context (none on a prefix-stable template), and a real model's rows keep the law."""
     from families import tokenizer_for
 
     tok = tokenizer_for(fam)
@@ -157,7 +154,9 @@ def test_every_non_prefix_stable_family_runs_in_deploy_mode_with_the_law_per_row
         messages = [*messages[:2], *[m if m["role"] != "assistant" else {"role": "assistant", "content": THOUGHT}
                                      for m in messages[2:]]]
         assert row.token_ids[: row.prompt_len].tolist() == e.renderer.prompt(messages, None, deployed=True).ids
-    if fam.non_prefix_stable_cause.startswith(("reasoning dropped", "system prompt")):
+    if fam.prefix_stable:
+        assert scripted.stats.context_resets == 0 and len(rows) == 1
+    elif fam.non_prefix_stable_cause.startswith(("reasoning dropped", "system prompt")):
         assert scripted.stats.context_resets >= 1
     # A real (tiny, random) model: the law on every row.
     model = tiny_qwen3(len(tok))

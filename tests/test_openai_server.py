@@ -209,12 +209,13 @@ def test_connections_are_kept_alive_and_reopened_when_the_server_drops_them():
 def test_async_requests_are_all_in_flight_up_to_max_concurrency():
     import asyncio
 
-    with Stub(echo_reply, keep_alive=True, delay=0.3) as stub:
+    with Stub(echo_reply, keep_alive=True, delay=1.0) as stub:
         with OpenAIServerPolicy(stub.url, "m", max_model_len=64, max_concurrency=16) as policy:
 
             async def many():
                 return await asyncio.gather(*(policy.agenerate([[i]], SamplingParams(max_tokens=1)) for i in range(16)))
 
             gens = asyncio.run(many())
-    assert len(gens) == 16 and stub.peak == 16  # not capped by asyncio's default thread pool (2 cores: 6)
-    assert len(stub.clients) == 16
+    # Not capped by asyncio's default thread pool (6 threads on 2 cores): each request has a thread and a
+    # connection of its own (a busy machine may start the last one after the first has finished).
+    assert len(gens) == 16 and stub.peak >= 12 and len(stub.clients) == 16

@@ -114,6 +114,8 @@ def drive(
     ``on_outcome`` runs on the loop's thread, one at a time, and never after a stop. Returns
     True when the run was stopped (a signal, Ctrl-C, or the policy interrupted).
     """
+    if not slots:
+        return False  # nothing to run (no episodes asked for)
     stop = _Stop()
     queue: Iterator[EpisodeTask] = iter(tasks)
     pool = ThreadPoolExecutor(max_workers=max(1, len(slots)), thread_name_prefix="tokengym-env")

@@ -151,6 +151,12 @@ def test_the_progress_bar_shows_live_tokens_per_second(qwen25, capsys):
     assert "4/4" in err and "tok_s=" in err and "reward=" in err
 
 
+def test_no_episodes_is_an_empty_run(qwen25):
+    for schedule in ("async", "lockstep"):
+        r = rollout(lambda: CalculatorEnv(qwen25), answer(qwen25), episodes=[], schedule=schedule, progress=False)
+        assert r.trajectories == [] and r.stats.episodes == 0 and not r.interrupted
+
+
 def test_bad_schedules_are_named(qwen25):
     with pytest.raises(ValueError, match="lockstep"):
         rollout(lambda: CalculatorEnv(qwen25), answer(qwen25), episodes=1, schedule="rounds", progress=False)

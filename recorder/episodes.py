@@ -277,26 +277,27 @@ class EpisodeSlot:
     turn: int = 0
     remaining: int = 0
     task: EpisodeTask | None = None
-    _limit: Any = None
+    context_limit: int | None = None
+    """The env's own ``max_context_tokens`` (a completion budget lowers it for one episode)."""
 
     def __post_init__(self) -> None:
-        self._limit = getattr(self.env.unwrapped, "max_context_tokens", None)
+        self.context_limit = getattr(self.env.unwrapped, "max_context_tokens", None)
 
     def begin(self, task: EpisodeTask) -> None:
         """Reset for ``task``; raises what the env raises."""
         self.task, self.episode = task, task.episode
         core = self.env.unwrapped
-        if self._limit is not None:
-            core.max_context_tokens = self._limit  # undo the previous episode's budget
+        if self.context_limit is not None:
+            core.max_context_tokens = self.context_limit  # undo the previous episode's budget
         obs, info = self.env.reset(seed=task.reset_seed, options=task.options)
         self.stream, self.turn = [int(i) for i in obs], 0
         self.remaining = int(info.get("remaining_context", 1 << 30))
         if task.completion_budget is not None:
-            if self._limit is None:
+            if self.context_limit is None:
                 raise ValueError(
                     f"a completion budget needs an env with max_context_tokens; {type(core).__name__} has none"
                 )
-            core.max_context_tokens = min(self._limit, len(obs) + task.completion_budget)
+            core.max_context_tokens = min(self.context_limit, len(obs) + task.completion_budget)
             self.remaining = min(self.remaining, task.completion_budget)
 
     def params(self, base: SamplingParams) -> SamplingParams:
@@ -334,8 +335,8 @@ class EpisodeSlot:
 
     def release(self) -> None:
         """Give the env back its own context limit (after a budgeted episode)."""
-        if self._limit is not None:
-            self.env.unwrapped.max_context_tokens = self._limit
+        if self.context_limit is not None:
+            self.env.unwrapped.max_context_tokens = self.context_limit
 
     def failure(self, err: BaseException) -> EpisodeError:
         """The record of ``err``, raised during this slot's current turn."""

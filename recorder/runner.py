@@ -20,7 +20,6 @@ no episode is recorded after the stop, the ones in flight are dropped whole.
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +29,7 @@ from tokengym.policies import Generation, SamplingParams
 from tokengym.policies.batching import PolicyInterrupted
 
 from .episodes import EpisodeError, EpisodeSlot, EpisodeTask
+from .stopping import stop_on_signals
 from .trajectory import Trajectory
 
 __all__ = ["EngineLost", "Outcome", "drive", "play"]
@@ -147,7 +147,7 @@ def drive(
                 raise fatal[0]
 
     try:
-        with _signals_stop(stop):
+        with stop_on_signals(stop.set):
             _run(main(), stop)
     finally:
         pool.shutdown(wait=True)  # a step under way finishes before its env is closed
@@ -183,21 +183,3 @@ def _run(coro: Any, stop: _Stop) -> None:
             stop.set()
     if failure:
         raise failure[0]
-
-
-class _signals_stop:
-    """SIGTERM and SIGINT set the stop (main thread only; the previous handlers come back after)."""
-
-    def __init__(self, stop: _Stop) -> None:
-        self.stop = stop
-        self.previous: dict[int, Any] = {}
-
-    def __enter__(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGTERM, signal.SIGINT):
-                self.previous[s] = signal.getsignal(s)
-                signal.signal(s, self.stop.set)
-
-    def __exit__(self, *exc: object) -> None:
-        for s, h in self.previous.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 __all__ = ["stop_on_signals", "uninterrupted"]
@@ -34,16 +34,17 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 
 
 @contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
+def stop_on_signals(on_stop: Callable[..., None] | None = None) -> Iterator[None]:
     """While inside, SIGTERM and SIGINT raise ``KeyboardInterrupt`` (deferred past :func:`uninterrupted`
-    sections). The previous handlers come back on exit. Outside the main thread it does nothing
-    (Python delivers signals to the main thread only)."""
+    sections), or call ``on_stop(signum, frame)`` instead when given (a driver whose event loop must
+    not be cut: it sets a stop flag). The previous handlers come back on exit. Outside the main
+    thread it does nothing (Python delivers signals to the main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     for s in previous:
-        signal.signal(s, _handler)
+        signal.signal(s, on_stop or _handler)
     try:
         yield
     finally:

@@ -589,7 +589,7 @@ while time.time() < end:
                     leaks.add("LEAK-PROC-" + what)
     for d in glob.glob({sandboxes!r}):
         names = [f"run/snippets/snippet_{{i}}.py" for i in range(6)] + ["work/answer.txt"]
-        for path in [os.path.join(d, n) for n in names] + glob.glob(d + "/work/.grade-*/solution.py"):
+        for path in [os.path.join(d, n) for n in names] + glob.glob(os.path.join(d, "work", ".grade-*", "solution.py")):
             try:
                 with open(path, "rb") as f:
                     data = f.read()

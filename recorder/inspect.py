@@ -36,12 +36,12 @@ from .store import (
     MANIFEST_NAME,
     SCHEMA_VERSION,
     StoreError,
-    _read_manifest,
-    _store_batches,
     accept_shards,
     log_paths,
     shard_paths,
 )
+from .store.manifest import _read_manifest
+from .store.reader import _store_batches
 from . import views as _views
 from .trajectory import Trajectory
 from .views import (

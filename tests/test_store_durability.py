@@ -144,7 +144,7 @@ def test_a_dropped_writer_warns_how_many_are_not_in_a_shard_and_loses_none(qwen2
 
 
 def test_a_kill_between_shard_and_manifest_keeps_every_trajectory_once(qwen25, tmp_path, monkeypatch):
-    import tokengym.recorder.store as store
+    import tokengym.recorder.store.writer as store  # the module whose _compact writes the manifest
 
     trajs = episodes(qwen25, range(4))
     writer = TrajectoryWriter(tmp_path, tokenizer=qwen25, shard_size=3)

@@ -1,0 +1,211 @@
+"""A trajectory as one row of the store's schema, and a row back as an exact trajectory.
+
+The writer converts each trajectory once, at ``write``, so a value that cannot be stored is an
+error before anything is written; the readers rebuild :class:`~tokengym.recorder.Trajectory`
+objects and check each row against its own segments, so a damaged row is an error that names
+it, never a wrong trajectory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..segments import Segment, SegmentKind
+from ..trajectory import Trajectory
+from .errors import CorruptShardError, SchemaVersionError
+from .schema import _INT32_MAX, READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION, SEGMENT_TYPE
+
+
+def _json(value: Any, what: str) -> str:
+    def default(o: Any) -> Any:
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        if isinstance(o, (set, frozenset)):
+            return sorted(o)
+        if isinstance(o, os.PathLike):
+            return os.fspath(o)
+        raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+    try:
+        return json.dumps(value, default=default, ensure_ascii=False)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"the trajectory's {what} cannot be stored as JSON: {err}") from err
+
+
+def _trajectory_row(t: Trajectory, vocab_size: int, tokenizer_name: str) -> dict[str, Any]:
+    """``t`` as a row: the columns of :data:`SCHEMA` but the tokenizer's three, logprobs as
+    ``(values, given)``; a ValueError for what cannot be stored (ids outside the vocabulary)."""
+    ids = t.token_ids
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(
+            f"the trajectory has token ids outside [0, {vocab_size}) of tokenizer "
+            f"{tokenizer_name!r}: was it recorded with another tokenizer?"
+        )
+    if len(ids) > _INT32_MAX:
+        raise ValueError(f"a trajectory of {len(ids)} tokens does not fit int32 offsets")
+    values = np.full(len(ids), np.nan, dtype=np.float32)
+    given = np.zeros(len(ids), dtype=bool)
+    offsets = t.offsets
+    segments = []
+    for i, s in enumerate(t.segments):
+        start, end = int(offsets[i]), int(offsets[i + 1])
+        if s.logprobs is not None:
+            values[start:end] = s.logprobs
+            given[start:end] = True
+        segments.append({"kind": s.kind.value, "start": start, "end": end, "turn": int(s.turn)})
+    if t.seed is not None and not -(2**63) <= int(t.seed) < 2**63:
+        raise ValueError(f"seed {t.seed} does not fit int64")
+    return {
+        "token_ids": ids.astype(np.int32),
+        "mask": t.mask.astype(np.int8),
+        "logprobs": (values, given),
+        "segments": segments,
+        "turn_rewards": [float(a.reward) for a in t.actions],
+        "finish_reasons": [a.finish_reason for a in t.actions],
+        "reward": float(t.reward),
+        "prompt_len": int(t.prompt_len),
+        "env_id": t.env_id,
+        "seed": None if t.seed is None else int(t.seed),
+        "stop_reason": t.stop_reason,
+        "terminated": bool(t.terminated),
+        "truncated": bool(t.truncated),
+        "sampling": None if t.sampling is None else _json(t.sampling, "sampling"),
+        "conformance": _json(list(t.conformance), "conformance"),
+        "conformance_summary": _json(t.conformance_summary, "conformance summary"),
+        "metadata": _json(t.metadata or {}, "metadata"),
+    }
+
+
+def _rows_table(rows: list[dict[str, Any]], name: str, fingerprint: str, file_meta: dict[bytes, bytes]) -> pa.Table:
+    """Converted rows (:func:`_trajectory_row`) as a table of :data:`SCHEMA`."""
+
+    def lists(arrays: list[np.ndarray], typ: pa.DataType, mask: np.ndarray | None = None) -> pa.Array:
+        offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+        np.cumsum([len(a) for a in arrays], out=offsets[1:])
+        flat = np.concatenate(arrays) if arrays else np.zeros(0)
+        values = pa.array(flat, type=typ, mask=mask)
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+
+    n = len(rows)
+    col = lambda key: [r[key] for r in rows]  # noqa: E731
+    given = np.concatenate([r["logprobs"][1] for r in rows]) if rows else np.zeros(0, dtype=bool)
+    columns = {
+        "token_ids": lists(col("token_ids"), pa.int32()),
+        "mask": lists(col("mask"), pa.int8()),
+        "logprobs": lists([r["logprobs"][0] for r in rows], pa.float32(), mask=~given),
+        "segments": pa.array(col("segments"), pa.list_(SEGMENT_TYPE)),
+        "turn_rewards": pa.array(col("turn_rewards"), pa.list_(pa.float64())),
+        "tokenizer_name": pa.array([name] * n, pa.string()),
+        "tokenizer_hash": pa.array([fingerprint] * n, pa.string()),
+        "schema_version": pa.array([SCHEMA_VERSION] * n, pa.int32()),
+    }
+    for field in SCHEMA:
+        if field.name not in columns:
+            columns[field.name] = pa.array(col(field.name), field.type)
+    return pa.Table.from_arrays([columns[f.name] for f in SCHEMA], schema=SCHEMA.with_metadata(file_meta))
+
+
+def _flat(batch: pa.RecordBatch, name: str) -> tuple[pa.Array, np.ndarray]:
+    """A list column's flattened values and its row offsets (relative to the values)."""
+    import pyarrow.compute as pc  # ~0.1 s to import: paid by readers, not by every import of the store
+
+    arr = batch.column(name)
+    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+    offsets = np.zeros(len(arr) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return arr.flatten(), offsets
+
+
+def _decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Trajectory]:
+    import pyarrow.compute as pc
+
+    ids_arr, ids_off = _flat(batch, "token_ids")
+    ids_all = ids_arr.to_numpy(zero_copy_only=False)
+    mask_arr, mask_off = _flat(batch, "mask")
+    mask_all = mask_arr.to_numpy(zero_copy_only=False)
+    lp_arr, lp_off = _flat(batch, "logprobs")
+    lp_all = lp_arr.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    lp_given = pc.is_valid(lp_arr).to_numpy(zero_copy_only=False)
+    rows = batch.drop_columns(["token_ids", "mask", "logprobs"]).to_pylist()
+    for r, row in enumerate(rows):
+        where = f"{path}: row {first + r}"
+        if row["schema_version"] not in READABLE_VERSIONS:
+            raise SchemaVersionError(
+                f"{where}: schema version {row['schema_version']!r}, expected one of {READABLE_VERSIONS}"
+            )
+        ids = ids_all[ids_off[r] : ids_off[r + 1]].astype(np.int64)
+        mask = mask_all[mask_off[r] : mask_off[r + 1]]
+        lp = lp_all[lp_off[r] : lp_off[r + 1]]
+        given = lp_given[lp_off[r] : lp_off[r + 1]]
+        if not (len(ids) == len(mask) == len(lp)):
+            raise CorruptShardError(f"{where}: token_ids, mask and logprobs differ in length")
+        try:
+            yield _decode_row(row, ids, mask, lp, given)
+        except CorruptShardError as err:
+            raise CorruptShardError(f"{where}: {err}") from None
+        except ValueError as err:  # the Trajectory / Segment checks
+            raise CorruptShardError(f"{where}: not a valid trajectory ({err})") from err
+
+
+def _decode_row(
+    row: dict[str, Any], ids: np.ndarray, mask: np.ndarray, lp: np.ndarray, given: np.ndarray
+) -> Trajectory:
+    """One row back into a Trajectory, checking it against its own segments."""
+    rewards = row["turn_rewards"] or []
+    finish = row.get("finish_reasons")
+    if finish is not None and len(finish) != len(rewards):
+        raise CorruptShardError(f"{len(finish)} finish reasons for {len(rewards)} turn rewards")
+    segments: list[Segment] = []
+    pos = 0
+    # turn_rewards / finish_reasons hold this row's turns in order: a later sequence of an episode
+    # (history="deploy") starts at the turn of its prompt segment.
+    first = (row["segments"] or [{"turn": 0}])[0]["turn"]
+    for s in row["segments"] or []:
+        kind = SegmentKind(s["kind"])
+        start, end, turn = s["start"], s["end"], s["turn"]
+        if start != pos or end < start or end > len(ids):
+            raise CorruptShardError(f"segment [{start}, {end}) does not continue at {pos}")
+        pos = end
+        want_mask = 1 if kind is SegmentKind.ACTION else 0
+        if not (mask[start:end] == want_mask).all():
+            raise CorruptShardError(f"mask disagrees with the {kind.value} segment [{start}, {end})")
+        logprobs = None
+        reward = 0.0
+        if kind is SegmentKind.ACTION:
+            span = given[start:end]
+            if span.size and span.all():
+                logprobs = lp[start:end].copy()
+            elif span.any():
+                raise CorruptShardError(f"action segment [{start}, {end}) has logprobs for some tokens only")
+            if not 0 <= turn - first < len(rewards):
+                raise CorruptShardError(f"no turn reward for turn {turn}")
+            reward = rewards[turn - first]
+        elif given[start:end].any():
+            raise CorruptShardError(f"{kind.value} segment [{start}, {end}) carries logprobs")
+        reason = finish[turn - first] if finish is not None and kind is SegmentKind.ACTION else None
+        segments.append(Segment(kind, ids[start:end], turn, logprobs=logprobs, reward=reward, finish_reason=reason))
+    if pos != len(ids):
+        raise CorruptShardError(f"segments cover {pos} of {len(ids)} tokens")
+    traj = Trajectory(
+        segments=segments,
+        env_id=row["env_id"],
+        seed=row["seed"],
+        stop_reason=row["stop_reason"],
+        terminated=bool(row["terminated"]),
+        truncated=bool(row["truncated"]),
+        conformance=json.loads(row["conformance"]) if row["conformance"] is not None else [],
+        sampling=json.loads(row["sampling"]) if row["sampling"] is not None else None,
+        metadata=json.loads(row["metadata"]) if row["metadata"] is not None else {},
+    )
+    if traj.num_turns != len(rewards):
+        raise CorruptShardError(f"{len(rewards)} turn rewards for {traj.num_turns} turns")
+    return traj

@@ -31,7 +31,7 @@ import time
 import torch
 
 from tokengym.envs import AdditionEnv
-from tokengym.policies.models import load_smollm2
+from tokengym.policies.model_loading import load_smollm2
 from tokengym.recorder.learning import GRPOConfig, grade_metrics, train_grpo
 
 

@@ -46,7 +46,7 @@ from .registry import (
 from .replay import ReplayEnv, example_transcript, load_transcript
 from .tokenizers import PINNED_TOKENIZERS, fetch_tokenizer, load_tokenizer
 from .tool_env import CallRecord, ToolEnv, answer_reward, extract_answer, strip_reasoning, truncate_middle
-from .tools import (
+from .function_tools import (
     Tool,
     ToolCall,
     ToolError,

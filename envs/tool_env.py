@@ -31,7 +31,7 @@ import numpy as np
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt
 from .parsers import ParsedCall, ToolCallParser, call_evidence, get_parser, parse_calls
 from .render import Message
-from .tools import Tool, ToolCall, ToolRunner, expand_tools
+from .function_tools import Tool, ToolCall, ToolRunner, expand_tools
 
 __all__ = [
     "CallRecord",
@@ -179,7 +179,7 @@ class ToolEnv(ChatEnv):
             needs (``"answer"``, ``"id"``...). ``reset(options={"task": {...}})`` sets one directly.
         tools: callables or :class:`Tool` s shared by all episodes (keep them stateless).
         tool_factory: ``task -> tools``, called at every reset: per-episode state lives here
-            (closures over a fresh dict, or :func:`~tokengym.envs.tools.tools_of` a fresh object).
+            (closures over a fresh dict, or :func:`~tokengym.envs.function_tools.tools_of` a fresh object).
         reward_fn: ``(final_text, task) -> float`` for the final answer (``final_text`` is the
             assistant's last turn without reasoning); 0 when omitted. See :func:`answer_reward`.
         turn_reward_fn: ``(records, task) -> float`` added on every turn (``records`` are the

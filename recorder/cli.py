@@ -179,7 +179,7 @@ DEMO_REPLAY_OUT = "tokengym-runs/demo-replay"
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.replay:
         return _demo_replay(args)
-    from tokengym.policies.models import is_bundled_model
+    from tokengym.policies.model_loading import is_bundled_model
 
     args.out = args.out or DEMO_OUT
     if args.policy == "hf" and args.model is not None and is_bundled_model(args.model):
@@ -187,7 +187,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import tokengym.envs  # noqa: F401  (registers the tokengym/ envs)
     from tokengym.envs.templates import CHATML_TOOLS
     from tokengym.policies import HFPolicy, SamplingParams
-    from tokengym.policies.models import load_smollm2
+    from tokengym.policies.model_loading import load_smollm2
     from tokengym.recorder import TrajectoryWriter, rollout, summary_table
 
     if args.model is None:
@@ -332,7 +332,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from tokengym.envs import EnvRef, load_tokenizer, resolve_env_id
     from tokengym.envs.tokenizers import check_local_path
     from tokengym.policies import SamplingParams
-    from tokengym.policies.models import is_bundled_model, resolve_model
+    from tokengym.policies.model_loading import is_bundled_model, resolve_model
     from tokengym.recorder import TrajectoryWriter, rollout, summary_table
     from tokengym.recorder.drivers.model_setup import env_template
 

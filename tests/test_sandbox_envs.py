@@ -32,7 +32,7 @@ from tokengym.envs.sandbox import (
     sandbox_tools,
 )
 from tokengym.envs.sandbox.local import TMP_PREFIX
-from tokengym.envs.tools import ToolCall
+from tokengym.envs.function_tools import ToolCall
 from tokengym.recorder import RecordEpisodes
 
 from test_sandbox_local import ISOLATIONS, open_fds, require_bwrap, sandbox_dirs, sandbox_processes

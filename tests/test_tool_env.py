@@ -31,7 +31,7 @@ from tokengym.envs import (
 )
 from tokengym.envs.builtin import calculate, evaluate, pointer_task, word_problem
 from tokengym.envs.builtin.calculator import FEW_SHOT_EXAMPLES, format_number
-from tokengym.envs.tools import ToolError
+from tokengym.envs.function_tools import ToolError
 from tokengym.recorder import RecordEpisodes
 
 from llama_style import LLAMA_STYLE_TEMPLATE

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..tool_env import ToolEnv, answer_reward
-from ..tools import ToolError, tool
+from ..function_tools import ToolError, tool
 
 __all__ = ["FEW_SHOT_EXAMPLES", "CalculatorEnv", "calculate", "evaluate", "few_shot_messages", "word_problem"]
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..tool_env import ToolEnv, extract_answer
-from ..tools import ToolError, tool, tools_of
+from ..function_tools import ToolError, tool, tools_of
 
 __all__ = ["KeyValueEnv", "KeyValueStore", "pointer_task"]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar
 
-from ..tools import ToolCall
+from ..function_tools import ToolCall
 
 __all__ = ["MAX_ARGUMENT_DEPTH", "ParsedCall", "Schemas", "ToolCallParser", "parse_calls"]
 

@@ -35,8 +35,8 @@ _LAZY = {
     "DockerPool": ".docker",
     "cleanup_containers": ".docker",
     "bwrap_status": ".local",
-    "sandbox_tools": ".tools",
-    "format_result": ".tools",
+    "sandbox_tools": ".workspace_tools",
+    "format_result": ".workspace_tools",
     "SandboxToolEnv": ".env",
 }
 

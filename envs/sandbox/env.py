@@ -26,7 +26,7 @@ import numpy as np
 from ..tool_env import ToolEnv
 from . import make_sandbox
 from .base import Sandbox
-from .tools import SANDBOX_TOOL_NAMES, sandbox_tools
+from .workspace_tools import SANDBOX_TOOL_NAMES, sandbox_tools
 
 __all__ = ["SandboxToolEnv"]
 

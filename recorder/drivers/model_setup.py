@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from tokengym.policies.models import ModelChoice, is_bundled_model, resolve_model
+from tokengym.policies.model_loading import ModelChoice, is_bundled_model, resolve_model
 
 __all__ = ["env_has_tools", "env_template", "model_policy"]
 

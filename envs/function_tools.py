@@ -1,4 +1,4 @@
-"""Tools: plain Python callables with a JSON schema, validated arguments and enforced timeouts.
+"""Function tools: plain Python callables with a JSON schema, validated arguments and enforced timeouts.
 
 A tool is any sync or async callable. Its schema comes from its signature and Google-style
 docstring through ``transformers.utils.get_json_schema`` (the schema chat templates expect);

@@ -22,7 +22,7 @@ from tokengym.envs import (
     tool,
     tools_of,
 )
-from tokengym.envs.tools import result_text
+from tokengym.envs.function_tools import result_text
 
 NEVER = threading.Event()  # never set: a "hung" tool waits on it (10 s at most, then its abandoned thread ends)
 

@@ -1,4 +1,4 @@
-"""Tools bound to one sandbox: run Python, run a shell command, write and read files.
+"""Workspace tools, bound to one sandbox: run Python, run a shell command, write and read files.
 
 :func:`sandbox_tools` makes them for an episode's sandbox; state (files, anything written
 to the workspace) persists across the calls of that episode because they all act on the
@@ -8,7 +8,7 @@ Every result is text for the model (:func:`format_result`): the exit code, stdou
 stderr, and, for anything unusual, one plain sentence first, such as ``timed out after 10 s;
 the process and its children were killed`` or ``ran out of memory (limit 512 MB)``. Output
 that was cut says how much was dropped. A call never raises into the rollout: misuse (a
-path outside the workspace, a missing file) becomes a :class:`~tokengym.envs.tools.ToolError`
+path outside the workspace, a missing file) becomes a :class:`~tokengym.envs.function_tools.ToolError`
 message, a sandbox that failed becomes an error message, and the episode goes on.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..tools import Tool, ToolError
+from ..function_tools import Tool, ToolError
 from .base import ExecResult, Sandbox, SandboxError
 
 __all__ = ["SANDBOX_TOOL_NAMES", "format_result", "sandbox_tools"]

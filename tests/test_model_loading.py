@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from tokengym.envs.tokenizers import check_local_path, load_tokenizer, looks_like_path
-from tokengym.policies.models import BUNDLED_MODEL_NAMES, is_bundled_model, resolve_model
+from tokengym.policies.model_loading import BUNDLED_MODEL_NAMES, is_bundled_model, resolve_model
 from tokengym.recorder.cli import main
 
 needs_smollm2 = pytest.mark.skipif(
@@ -36,7 +36,7 @@ def test_every_name_of_the_bundled_model_resolves_to_it(spec):
 
 @needs_smollm2
 def test_the_package_folder_is_the_bundled_model():
-    from tokengym.policies.models import smollm2_dir
+    from tokengym.policies.model_loading import smollm2_dir
 
     assert is_bundled_model(smollm2_dir()) and resolve_model(str(smollm2_dir())).bundled
 

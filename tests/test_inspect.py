@@ -417,6 +417,7 @@ class Report(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.rows: dict[str, str] = {}
         self.charts: dict[str, list[tuple[str, int]]] = {}
+        self.bars: dict[str, list[tuple[int, float, float]]] = {}
         self.episodes: list[dict] = []
         self.tags: Counter = Counter()
         self._cell: list[str] | None = None
@@ -435,6 +436,7 @@ class Report(HTMLParser):
             self.charts[self._chart] = []
         elif tag == "rect" and a.get("class") == "tg-bar":
             self.charts[self._chart].append((a["data-label"], int(a["data-count"])))
+            self.bars.setdefault(self._chart, []).append((int(a["data-count"]), float(a["data-lo"]), float(a["data-hi"])))
         elif tag == "div" and a.get("class") == "tg-episode":
             self.episodes.append({"index": int(a["data-index"]), "why": "", "actions": []})
         elif tag == "div" and a.get("class") == "tg-why":
@@ -493,9 +495,13 @@ def test_html_report_of_a_real_rollout(rollout_store, qwen25, capsys, tmp_path):
     rewards = Counter(f"{t.reward:.4g}" for t in trajs)
     assert dict(report.charts["reward per episode"]) == rewards and set(rewards) == {"0", "1"}
     assert dict(report.charts["length in turns"]) == Counter(str(t.num_turns) for t in trajs)
-    tokens = report.charts["length in tokens"]
-    assert sum(c for _, c in tokens) == 12
-    assert dict(tokens) == Counter(f"{len(t):,}" for t in trajs)  # fewer than 24 distinct lengths: one bar each
+    tokens = report.bars["length in tokens"]
+    assert sum(c for c, _, _ in tokens) == 12 and len(tokens) <= 24
+    lengths = [len(t) for t in trajs]
+    assert tokens[0][1] == min(lengths) and tokens[-1][2] >= max(lengths)
+    for count, lo, hi in tokens:  # whole-number bins, one after the other: a linear axis
+        assert count == sum(lo <= n <= hi for n in lengths)
+    assert all(b[1] == a[2] + 1 for a, b in zip(tokens, tokens[1:]))
 
     # The episodes: the first, the highest and the lowest reward, each with its policy tokens in colour.
     picks = report_picks({"reward": np.array([t.reward for t in trajs]), "tokens": np.array([len(t) for t in trajs])})
@@ -575,6 +581,8 @@ def test_histogram_bars():
 
     h = histogram([0, 1, 1, 0.5])
     assert h.labels == [0, 0.5, 1] and h.counts == [1, 1, 2] and h.edges is None
+    h = histogram([3, 7, 7, 5], integer=True)  # every whole number of the range, the empty ones too
+    assert h.labels == [3, 4, 5, 6, 7] and h.counts == [1, 0, 1, 0, 2]
     many = np.arange(1000) % 97 + 3  # 97 distinct lengths
     h = histogram(many, integer=True)
     assert len(h.counts) <= 24 and sum(h.counts) == 1000 and h.labels is None

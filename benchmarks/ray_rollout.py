@@ -37,8 +37,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from tokengym.envs import CalculatorEnv, load_tokenizer  # noqa: E402
 from tokengym.policies import scripted_replies  # noqa: E402
-from tokengym.recorder.ray_backend import RayBackend  # noqa: E402
-from tokengym.recorder.rollout import rollout  # noqa: E402
+from tokengym.recorder.drivers.ray_backend import RayBackend  # noqa: E402
+from tokengym.recorder.drivers.rollout import rollout  # noqa: E402
 
 CALC_CALL = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2 + 3"}}\n</tool_call>'
 WORK_CALL = '<tool_call>\n{"name": "work", "arguments": {"n": 21}}\n</tool_call>'

@@ -56,7 +56,7 @@ from tokengym.envs.parsers import get_parser  # noqa: E402
 from tokengym.policies import HFPolicy, SamplingParams  # noqa: E402
 from tokengym.policies.batching import RequestBatcher  # noqa: E402
 from tokengym.recorder import rollout  # noqa: E402
-from tokengym.recorder.episodes import turn_seed  # noqa: E402
+from tokengym.recorder.drivers.episodes import turn_seed  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look a key up.",

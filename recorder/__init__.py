@@ -1,23 +1,22 @@
-"""tokengym.recorder: segments, trajectories and the wrapper that records episodes."""
+"""tokengym.recorder: segments, trajectories, the wrapper that records episodes, the store and the
+batch layouts; the drivers that run episodes (`drivers`), the integrations (`integrations`), the
+GRPO loop (`learning`) and the command line (`cli`) sit on top, and the names users call are
+re-exported here."""
 
 import sys
 from typing import Any
 
-from .batches import (
+from .advantages import (
     GroupSignal,
     GRPOAdvantages,
     NoGroupSignalWarning,
-    PackedBatch,
-    VerlBatch,
     group_by_task,
     group_signal,
     grpo_advantages,
-    to_packed,
-    to_trl,
-    to_verl,
 )
+from .batches import PackedBatch, VerlBatch, to_packed, to_trl, to_verl
 from .learning import GRPOConfig, TrainingRun, train_grpo
-from .rollout import EpisodeError, RolloutResult, RolloutStats, rollout, summary_table
+from .drivers.rollout import EpisodeError, RolloutResult, RolloutStats, rollout, summary_table
 from .segments import Segment, SegmentKind
 from .store import TrajectoryWriter, read_table, read_trajectories, tokenizer_fingerprint
 from .training import GRPOLoss, grpo_loss, policy_logprobs

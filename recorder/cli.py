@@ -358,7 +358,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from tokengym.policies import SamplingParams
     from tokengym.policies.models import is_bundled_model, resolve_model
     from tokengym.recorder import TrajectoryWriter, rollout, summary_table
-    from tokengym.recorder.model_setup import env_template
+    from tokengym.recorder.drivers.model_setup import env_template
 
     resolve_env_id(args.env_id, args.imports)  # an unknown env fails here, before anything is loaded
     extra_env_kwargs = _template_kwargs(args.env_kwarg, "--env-kwarg")
@@ -389,7 +389,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
     stopped: tuple[type[Exception], ...] = ()
     if args.backend == "ray":
-        from tokengym.recorder.ray_backend import RayBackend, RolloutError, import_ray
+        from tokengym.recorder.drivers.ray_backend import RayBackend, RolloutError, import_ray
 
         try:
             import_ray()

@@ -30,8 +30,9 @@ import numpy as np
 
 from tokengym.policies.base import SamplingParams
 
-from .batches import grpo_advantages, to_verl
-from .rollout import rollout
+from .advantages import grpo_advantages
+from .batches import to_verl
+from .drivers.rollout import rollout
 from .trajectory import Trajectory
 
 __all__ = ["EvalLog", "GRPOConfig", "IterationLog", "TrainingRun", "grade_metrics", "train_grpo"]

@@ -16,7 +16,7 @@ import numpy as np
 
 from .segments import Segment, SegmentKind
 
-__all__ = ["Trajectory", "summarize_conformance"]
+__all__ = ["Trajectory", "require_trajectories", "summarize_conformance"]
 
 
 def summarize_conformance(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -190,3 +190,9 @@ class Trajectory:
             "sampling": self.sampling,
             "metadata": self.metadata,
         }
+
+
+def require_trajectories(trajs: Sequence[Trajectory]) -> None:
+    """Refuse an empty batch by name: a trainer fed nothing should hear why, not get empty tensors."""
+    if len(trajs) == 0:
+        raise ValueError("no trajectories to batch: pass a non-empty list (env.trajectories of RecordEpisodes, rollout(...).trajectories or read_trajectories(DIR))")

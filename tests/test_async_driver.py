@@ -19,8 +19,8 @@ from tokengym.envs import CalculatorEnv, ReplayEnv
 from tokengym.policies import HFPolicy, SamplingParams, ScriptedPolicy
 from tokengym.policies.batching import PolicyInterrupted, RequestBatcher
 from tokengym.recorder import rollout
-from tokengym.recorder.episodes import EpisodeSlot, EpisodeTask
-from tokengym.recorder.runner import play
+from tokengym.recorder.drivers.episodes import EpisodeSlot, EpisodeTask
+from tokengym.recorder.drivers.runner import play
 from tokengym.recorder.wrapper import RecordEpisodes
 
 

@@ -14,7 +14,7 @@ import torch
 from tokengym.envs import ReplayEnv
 from tokengym.policies import HFPolicy, SamplingParams, ScriptedPolicy
 from tokengym.recorder import TrajectoryWriter, read_trajectories, rollout, summary_table, to_trl, to_verl
-from tokengym.recorder.trl import trl_prompts, trl_rollout_func
+from tokengym.recorder.integrations.trl import trl_prompts, trl_rollout_func
 from tokengym.recorder.wrapper import RecordEpisodes
 
 from lawcheck import recompute_logprobs

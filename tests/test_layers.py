@@ -1,4 +1,4 @@
-"""Dependencies go one way: envs <- policies <- recorder <- integrations and the CLI.
+"""Dependencies go one way: envs <- policies <- recorder <- recorder.drivers <- integrations and the CLI.
 
 Every module's imports are read with ``ast`` (nothing is imported), including the imports
 inside functions: a lazy import is still a dependency, it only runs later. An import under
@@ -21,11 +21,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LAYERS = ("tokengym.envs", "tokengym.policies", "tokengym.recorder", "top")
-"""Bottom to top: a module may import its own layer and the layers below it."""
+LAYERS = ("tokengym.envs", "tokengym.policies", "tokengym.recorder", "tokengym.recorder.drivers", "top")
+"""Bottom to top: a module may import its own layer and the layers below it. The recording
+(segments, trajectories, the wrapper, the store, the batch layouts) is below the drivers that run
+episodes: it knows nothing of how they are scheduled."""
 
-TOP = ("tokengym.recorder.cli", "tokengym.recorder.skyrl", "tokengym.recorder.trl")
-"""The integrations (TRL, SkyRL) and the command line: they may use everything, nothing uses them."""
+TOP = ("tokengym.recorder.cli", "tokengym.recorder.integrations", "tokengym.recorder.learning")
+"""The integrations (TRL, SkyRL), the training loop and the command line: they may use
+everything, nothing below uses them."""
+
+FACADES = ("tokengym.recorder",)
+"""Package ``__init__`` modules that re-export names from every layer of their package for users
+(``from tokengym.recorder import rollout``); no module of the project may import them from below."""
 
 
 @dataclass(frozen=True)
@@ -105,9 +112,9 @@ def import_edges(mods: dict[str, Path]) -> list[Edge]:
 
 
 def layer(module: str) -> int:
-    if any(module == t or module.startswith(t + ".") for t in TOP):
+    if module in FACADES or any(module == t or module.startswith(t + ".") for t in TOP):
         return LAYERS.index("top")
-    for i, pkg in enumerate(LAYERS[:-1]):
+    for i, pkg in reversed(list(enumerate(LAYERS[:-1]))):  # the most specific package first
         if module == pkg or module.startswith(pkg + "."):
             return i
     raise ValueError(f"{module} is in no layer: add its package to LAYERS")
@@ -200,17 +207,26 @@ def test_the_checks_find_a_cycle_and_an_upward_import(tmp_path):
             "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\nimport tokengym.envs.b\n",
         },
         "policies": {"__init__.py": "from tokengym.envs import b\n"},
-        "recorder": {"__init__.py": "", "w.py": "from tokengym.policies import X\nW = 1\n"},
+        "recorder": {
+            "__init__.py": "",
+            "w.py": "from tokengym.policies import X\nW = 1\n",
+            "x.py": "from .drivers import d\n",
+            "drivers/__init__.py": "",
+            "drivers/d.py": "from ..w import W\n",
+        },
     }.items():
-        (tmp_path / folder).mkdir()
         for name, text in files.items():
+            (tmp_path / folder / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / folder / name).write_text(text)
     (tmp_path / "pyproject.toml").write_text(
         '[tool.setuptools]\npackage-dir = { "tokengym.envs" = "envs", "tokengym.recorder" = "recorder", '
         '"tokengym.policies" = "policies" }\n'
     )
     edges = import_edges(modules(package_dirs(tmp_path)))
-    assert [str(e) for e in upward(edges)] == ["tokengym.envs.a -> tokengym.recorder.w (line 2)"]
+    assert sorted(str(e) for e in upward(edges)) == [
+        "tokengym.envs.a -> tokengym.recorder.w (line 2)",
+        "tokengym.recorder.x -> tokengym.recorder.drivers.d (line 1)",  # the recording below its drivers
+    ]
     # b -> c -> b is a cycle; c -> b under TYPE_CHECKING alone would not be one.
     assert cycles(edges) == [["tokengym.envs.b", "tokengym.envs.c"]]
     assert cycles([e for e in edges if e.line != 4]) == []

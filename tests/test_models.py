@@ -94,7 +94,7 @@ def test_the_cli_names_a_missing_model_folder(tmp_path, capsys):
 
 
 def test_the_template_line_says_which_template_and_why():
-    from tokengym.recorder.model_setup import env_has_tools, env_template
+    from tokengym.recorder.drivers.model_setup import env_has_tools, env_template
 
     assert env_has_tools("tokengym/Calculator-v0") is True and env_has_tools("tokengym/Replay-v0") is False
     assert env_has_tools(lambda: None) is None  # a factory: cannot be told without making it

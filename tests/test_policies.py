@@ -15,7 +15,7 @@ from tokengym.envs import ReplayEnv
 from tokengym.policies import Generation, HFPolicy, SamplingParams, ScriptedPolicy
 from tokengym.policies.hf import _filter_logits
 from tokengym.recorder import to_verl
-from tokengym.recorder.rollout import rollout, summary_table
+from tokengym.recorder.drivers.rollout import rollout, summary_table
 
 from lawcheck import recompute_logprobs
 

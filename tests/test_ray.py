@@ -30,7 +30,7 @@ from tokengym.policies import SamplingParams, ScriptedPolicy, scripted_replies  
 from tokengym.policies.base import per_request  # noqa: E402
 from tokengym.recorder import TrajectoryWriter, read_trajectories, summary_table  # noqa: E402
 from tokengym.recorder.cli import main  # noqa: E402
-from tokengym.recorder.rollout import rollout  # noqa: E402
+from tokengym.recorder.drivers.rollout import rollout  # noqa: E402
 
 try:
     import ray
@@ -198,7 +198,7 @@ def local_run(env):
 @pytest.fixture(scope="module")
 def backend(cluster):
     """One session for the module: three env workers of two slots (one per node), kept between runs."""
-    from tokengym.recorder.ray_backend import RayBackend
+    from tokengym.recorder.drivers.ray_backend import RayBackend
 
     with RayBackend(num_workers=3, slots_per_worker=2) as b:
         yield b
@@ -357,7 +357,7 @@ def test_sigterm_stops_a_ray_run_like_ctrl_c(backend, env, local_run, tmp_path, 
 @ray_test
 def test_an_engine_that_stays_dead_ends_the_run_with_a_clear_error(backend, env, tmp_path, qwen25):
     """The last test of the module (the failed run ends the session's actors); the two engines of the test before."""
-    from tokengym.recorder.ray_backend import RolloutError
+    from tokengym.recorder.drivers.ray_backend import RolloutError
 
     def kill_once(traj):
         if not getattr(kill_once, "done", False):

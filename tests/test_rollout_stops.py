@@ -11,7 +11,7 @@ import pytest
 from tokengym.envs import CalculatorEnv
 from tokengym.policies import ScriptedPolicy
 from tokengym.recorder import TrajectoryWriter, read_trajectories, rollout, summary_table
-from tokengym.recorder.rollout import EpisodeError
+from tokengym.recorder.drivers.rollout import EpisodeError
 from tokengym.recorder.stopping import stop_on_signals, uninterrupted
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tokengym.envs import ChatRenderer, ReplayEnv
 from tokengym.policies import ScriptedPolicy
-from tokengym.recorder.trl import env_reward, parse_prompt, trl_prompts, trl_rollout_func
+from tokengym.recorder.integrations.trl import env_reward, parse_prompt, trl_prompts, trl_rollout_func
 
 
 def trainer(tokenizer, max_completion_length=256):
@@ -23,7 +23,7 @@ def trainer(tokenizer, max_completion_length=256):
 
 
 def test_groups_follow_the_trainers_num_generations(qwen25):
-    from tokengym.recorder.trl import _groups
+    from tokengym.recorder.integrations.trl import _groups
 
     specs = [parse_prompt(p) for p in trl_prompts(3, seed=0) for _ in range(2)]
     assert _groups(specs, 2) == [0, 0, 1, 1, 2, 2]

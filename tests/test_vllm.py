@@ -33,7 +33,7 @@ from tokengym.envs import ReplayEnv  # noqa: E402
 from tokengym.policies import AsyncVLLMPolicy, OpenAIServerPolicy, SamplingParams, VLLMPolicy  # noqa: E402
 from tokengym.policies.vllm import to_vllm_sampling  # noqa: E402
 from tokengym.recorder import to_verl  # noqa: E402
-from tokengym.recorder.rollout import rollout  # noqa: E402
+from tokengym.recorder.drivers.rollout import rollout  # noqa: E402
 
 from lawcheck import recompute_logprobs  # noqa: E402
 

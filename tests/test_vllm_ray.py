@@ -37,8 +37,8 @@ from tiny_qwen3 import save_tiny_qwen3  # noqa: E402
 from tokengym.envs import ReplayEnv  # noqa: E402
 from tokengym.policies import AsyncVLLMPolicy, SamplingParams, VLLMPolicy  # noqa: E402
 from tokengym.recorder import to_verl  # noqa: E402
-from tokengym.recorder.ray_backend import RayBackend  # noqa: E402
-from tokengym.recorder.rollout import rollout  # noqa: E402
+from tokengym.recorder.drivers.ray_backend import RayBackend  # noqa: E402
+from tokengym.recorder.drivers.rollout import rollout  # noqa: E402
 
 from lawcheck import recompute_logprobs  # noqa: E402
 

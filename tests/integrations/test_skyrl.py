@@ -61,7 +61,7 @@ def test_calculator_episode_through_skyrl_make(renderer):
     import skyrl_gym
     from skyrl_gym.envs.base_text_env import BaseTextEnv
 
-    from tokengym.recorder.skyrl import register_skyrl_envs
+    from tokengym.recorder.integrations.skyrl import register_skyrl_envs
 
     ids = register_skyrl_envs(["tokengym/Calculator-v0"])
     assert ids == ["tokengym/Calculator-v0"]
@@ -100,7 +100,7 @@ def test_calculator_episode_through_skyrl_make(renderer):
 
 @needs_skyrl
 def test_prompt_messages_without_a_seed_are_the_conversation(renderer):
-    from tokengym.recorder.skyrl import TokenGymTextEnv
+    from tokengym.recorder.integrations.skyrl import TokenGymTextEnv
 
     env = TokenGymTextEnv(env_id="tokengym/Calculator-v0", tokenizer=renderer)
     messages, meta = env.init([{"role": "user", "content": "What is 2 + 2?"}])
@@ -115,7 +115,7 @@ def test_prompt_messages_without_a_seed_are_the_conversation(renderer):
 @needs_skyrl
 def test_token_ids_skip_the_retokenization_caveat(renderer):
     """Text is re-encoded canonically; a non-canonical sampled split only survives as ids."""
-    from tokengym.recorder.skyrl import TokenGymTextEnv
+    from tokengym.recorder.integrations.skyrl import TokenGymTextEnv
 
     word = " strawberry"
     canonical = renderer.encode(word)
@@ -134,7 +134,7 @@ def test_token_ids_skip_the_retokenization_caveat(renderer):
 @needs_skyrl
 def test_adapter_wraps_an_env_instance(renderer):
     from tokengym.envs import KeyValueEnv
-    from tokengym.recorder.skyrl import TokenGymTextEnv
+    from tokengym.recorder.integrations.skyrl import TokenGymTextEnv
 
     env = TokenGymTextEnv(env=KeyValueEnv(renderer), extras={"seed": 4, "options": {"difficulty": 1}})
     messages, meta = env.init()

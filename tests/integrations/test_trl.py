@@ -36,7 +36,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from tokengym.envs import ChatRenderer, ReplayEnv  # noqa: E402
-from tokengym.recorder.trl import env_reward, trl_dataset, trl_prompts, trl_rollout_func  # noqa: E402
+from tokengym.recorder.integrations.trl import env_reward, trl_dataset, trl_prompts, trl_rollout_func  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

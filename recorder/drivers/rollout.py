@@ -1,6 +1,6 @@
 """The rollout driver: many episodes at once through one policy, each recorded.
 
-By default every episode runs at its own pace (:func:`tokengym.recorder.runner.drive`): it
+By default every episode runs at its own pace (:func:`tokengym.recorder.drivers.runner.drive`): it
 submits its next turn as soon as its env step is done, and the policy batches whatever is in
 flight, so a long generation or a slow tool holds up only its own episode. ``schedule="lockstep"``
 keeps the older rounds (every live episode generates in one batch, then every env steps) for
@@ -9,9 +9,9 @@ number is done. Seeds make a run reproducible with a deterministic policy: episo
 resets with ``seed + i`` and each of its turns samples with a seed derived from
 ``(seed, i, turn)``, whatever else shares its batch and however the episodes interleave.
 
-One episode's logic is :class:`~tokengym.recorder.episodes.EpisodeSlot` and its turn loop
-:func:`tokengym.recorder.runner.play`, shared with the Ray backend
-(:mod:`tokengym.recorder.ray_backend`, ``backend="ray"``: each episode in an env worker actor
+One episode's logic is :class:`~tokengym.recorder.drivers.episodes.EpisodeSlot` and its turn loop
+:func:`tokengym.recorder.drivers.runner.play`, shared with the Ray backend
+(:mod:`tokengym.recorder.drivers.ray_backend`, ``backend="ray"``: each episode in an env worker actor
 against a policy engine actor) and TRL's ``rollout_func``, so a run gives the same
 trajectories, token for token, on every driver.
 """
@@ -49,9 +49,9 @@ from .episodes import (  # the shared names stay importable from here, where the
     turn_seed,
 )
 from .runner import Outcome, drive
-from .stopping import stop_on_signals
-from .trajectory import Trajectory
-from .wrapper import RecordEpisodes
+from ..stopping import stop_on_signals
+from ..trajectory import Trajectory
+from ..wrapper import RecordEpisodes
 
 __all__ = [
     "EpisodeError",
@@ -96,7 +96,7 @@ def rollout(
             names a model for :class:`~tokengym.policies.HFPolicy` on the CPU (``"smollm2"``: the
             bundled SmolLM2-135M-Instruct, no hub; or a folder or hub name): an env named by id
             then gets the model's tokenizer unless ``env_kwargs`` has one, and with SmolLM2 a
-            tool env gets ``CHATML_TOOLS`` (:func:`tokengym.recorder.model_setup.model_policy`;
+            tool env gets ``CHATML_TOOLS`` (:func:`tokengym.recorder.drivers.model_setup.model_policy`;
             a line on stderr says which template, unless ``progress=False``).
         sampling: the base settings; each env's stop tokens and stop strings are added and
             ``max_tokens`` is clamped to the context the env has left.
@@ -109,7 +109,7 @@ def rollout(
             ``episodes=None`` each task runs once (``len(tasks) * group_size`` episodes). Without
             it the env picks each group's task from the group's seed.
         backend: ``"local"`` (the default: this process, no Ray), ``"ray"`` (env workers and
-            policy engines as Ray actors, :class:`~tokengym.recorder.ray_backend.RayBackend` with
+            policy engines as Ray actors, :class:`~tokengym.recorder.drivers.ray_backend.RayBackend` with
             its defaults), or a configured ``RayBackend``.
         address: with ``backend="ray"``: the cluster to connect to (``"auto"``, ``"HOST:PORT"``,
             ``"ray://HOST:10001"``); None starts a local Ray unless one is connected already.
@@ -206,7 +206,7 @@ def _async(
     slots: list[EpisodeSlot], tasks: list[EpisodeTask], base: SamplingParams, policy: Policy,
     stats: RolloutStats, finished: Callable[[list[Trajectory]], None], bar: Any,
 ) -> bool:
-    """Every episode at its own pace (:func:`tokengym.recorder.runner.drive`); True when stopped."""
+    """Every episode at its own pace (:func:`tokengym.recorder.drivers.runner.drive`); True when stopped."""
     batcher = RequestBatcher(policy)
 
     async def generate(context: list[int], params: SamplingParams) -> Generation:

@@ -39,7 +39,7 @@ not used); without them the prompt messages are the conversation
 
 skyrl-gym is imported only when the adapter is used (``pip install skyrl-gym==0.4.0``)::
 
-    from tokengym.recorder.skyrl import register_skyrl_envs
+    from tokengym.recorder.integrations.skyrl import register_skyrl_envs
     import skyrl_gym
 
     register_skyrl_envs(tokenizer="qwen2.5")            # every tokengym/... id, in skyrl_gym's registry
@@ -64,7 +64,7 @@ def load_base() -> type:
     try:
         from skyrl_gym.envs.base_text_env import BaseTextEnv
     except ImportError as err:
-        raise ImportError(f"tokengym.recorder.skyrl adapts tokengym envs to SkyRL and needs skyrl-gym: {INSTALL_HINT}") from err
+        raise ImportError(f"tokengym.recorder.integrations.skyrl adapts tokengym envs to SkyRL and needs skyrl-gym: {INSTALL_HINT}") from err
     return BaseTextEnv
 
 
@@ -115,7 +115,7 @@ def _build_class() -> type:
             import gymnasium as gym
 
             import tokengym.envs  # noqa: F401 -- registers the tokengym/... ids
-            from .wrapper import RecordEpisodes
+            from ..wrapper import RecordEpisodes
 
             self.extras = dict(_plain(extras) or {})
             if env is None:

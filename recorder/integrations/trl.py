@@ -51,11 +51,11 @@ import gymnasium as gym
 from tokengym.policies import Policy, SamplingParams
 from tokengym.policies.batching import RequestBatcher
 
-from .batches import to_trl
-from .episodes import EpisodeError, EpisodeSlot, EpisodeTask
-from .runner import Outcome, drive
-from .trajectory import Trajectory
-from .wrapper import RecordEpisodes
+from ..batches import to_trl
+from ..drivers.episodes import EpisodeError, EpisodeSlot, EpisodeTask
+from ..drivers.runner import Outcome, drive
+from ..trajectory import Trajectory
+from ..wrapper import RecordEpisodes
 
 __all__ = ["TRLRollout", "env_reward", "parse_prompt", "trl_dataset", "trl_prompts", "trl_rollout_func"]
 

@@ -2,7 +2,7 @@
 
 ``rollout(..., backend="ray")`` (or ``RayBackend(...).run(...)``) runs the same episodes as
 the local driver, with the same seeds and the same per-episode logic
-(:class:`~tokengym.recorder.episodes.EpisodeSlot`), on a Ray cluster::
+(:class:`~tokengym.recorder.drivers.episodes.EpisodeSlot`), on a Ray cluster::
 
     driver (this process)           env workers (actors, spread      policy engines (actors:
     episode queue, ray.wait   --->  over the nodes): env copies, --> vLLM, transformers, ...):
@@ -67,9 +67,9 @@ from .episodes import (
     sampling_record,
 )
 from .runner import EngineLost, play
-from .stopping import stop_on_signals
-from .trajectory import Trajectory
-from .wrapper import RecordEpisodes
+from ..stopping import stop_on_signals
+from ..trajectory import Trajectory
+from ..wrapper import RecordEpisodes
 
 __all__ = ["INSTALL_HINT", "EnvWorker", "PolicyEngine", "RayBackend", "RolloutError", "import_ray"]
 
@@ -140,7 +140,7 @@ class EnvWorker:
         """One whole episode against ``engine``: ``{"episode", "trajectories"}`` (its rows) or ``{"episode", "error"}``.
 
         ``config`` is the run's ``(base sampling, seed, sampling record)``. The turn loop is the
-        local driver's (:func:`tokengym.recorder.runner.play`), on this thread's own event loop.
+        local driver's (:func:`tokengym.recorder.drivers.runner.play`), on this thread's own event loop.
         """
         import asyncio
 

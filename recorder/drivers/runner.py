@@ -3,13 +3,13 @@
 :func:`play` is the turn loop of one episode (reset, then generate → step until the episode
 ends), used by every driver: the local driver (:func:`tokengym.recorder.rollout`), the Ray env
 workers and TRL's ``rollout_func``. A failure of the env or of the policy ends the episode
-with an :class:`~tokengym.recorder.episodes.EpisodeError`, never the run.
+with an :class:`~tokengym.recorder.drivers.episodes.EpisodeError`, never the run.
 
 :func:`drive` runs many episodes, each as its own task: an episode submits its next turn as
 soon as its env step is done, and the policy batches whatever is in flight (continuous
 batching in an async engine; see :class:`~tokengym.policies.batching.RequestBatcher` for the
 others). Env steps run in worker threads, so tools overlap with generation. Turn seeds come
-from each episode's :class:`~tokengym.recorder.episodes.EpisodeTask`, so the same seeds give
+from each episode's :class:`~tokengym.recorder.drivers.episodes.EpisodeTask`, so the same seeds give
 the same trajectories however the episodes interleave.
 
 The event loop runs in the calling thread; where that thread already runs one (a Jupyter
@@ -29,8 +29,8 @@ from tokengym.policies import Generation, SamplingParams
 from tokengym.policies.batching import PolicyInterrupted
 
 from .episodes import EpisodeError, EpisodeSlot, EpisodeTask
-from .stopping import stop_on_signals
-from .trajectory import Trajectory
+from ..stopping import stop_on_signals
+from ..trajectory import Trajectory
 
 __all__ = ["EngineLost", "Outcome", "drive", "play"]
 

@@ -1,7 +1,7 @@
 """One episode's logic and a run's accounting, shared by every rollout backend.
 
-The local driver (:mod:`tokengym.recorder.rollout`) and the Ray backend
-(:mod:`tokengym.recorder.ray_backend`) run the same :class:`EpisodeSlot` (``begin``,
+The local driver (:mod:`tokengym.recorder.drivers.rollout`) and the Ray backend
+(:mod:`tokengym.recorder.drivers.ray_backend`) run the same :class:`EpisodeSlot` (``begin``,
 ``params``, ``step``, ``advance``) and count finished episodes the same way, so a run gives
 the same trajectories, token for token, on either. Living here rather than in either
 backend's module keeps the two independent: the driver may start the Ray backend, and the
@@ -21,10 +21,10 @@ import numpy as np
 
 from tokengym.policies import Generation, Policy, SamplingParams
 
-from .batches import GroupSignal
-from .stopping import uninterrupted
-from .trajectory import Trajectory
-from .wrapper import RecordEpisodes
+from ..advantages import GroupSignal
+from ..stopping import uninterrupted
+from ..trajectory import Trajectory
+from ..wrapper import RecordEpisodes
 
 __all__ = [
     "EpisodeError",
@@ -266,7 +266,7 @@ def plan_tasks(
 class EpisodeSlot:
     """One env copy and the episode it runs: the per-episode logic every driver shares.
 
-    The turn loop itself is :func:`tokengym.recorder.runner.play`; this holds its state
+    The turn loop itself is :func:`tokengym.recorder.drivers.runner.play`; this holds its state
     (``begin``, ``params``, ``step``, ``advance``), so the lock-step driver can step many slots
     in one round with the same logic.
     """

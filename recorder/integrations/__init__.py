@@ -1,0 +1,7 @@
+"""Integrations: tokengym's envs and buffers inside other RL libraries' trainers.
+
+* ``trl``: a ``rollout_func`` for TRL's ``GRPOTrainer`` (episodes through the shared driver);
+* ``skyrl``: tokengym envs registered as SkyRL-Gym environments.
+
+Nothing is imported here: each module needs its library (TRL, SkyRL), imported when used.
+"""

@@ -185,7 +185,7 @@ def demo_template(model: str | None, tokenizer: Any) -> tuple[str | None, str]:
     A model whose tokenizer has no chat template gets it too; any other keeps its own.
     """
     from tokengym.envs.templates import CHATML_TOOLS
-    from tokengym.recorder.model_setup import env_template
+    from tokengym.recorder.drivers.model_setup import env_template
 
     if model is None:
         template, note = env_template("tokengym/Calculator-v0", "smollm2", {})

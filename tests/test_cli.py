@@ -407,7 +407,7 @@ def test_demo_says_smollm2_gets_the_tool_template_as_rollout_does():
     """The embedded SmolLM2: CHATML_TOOLS, in the very line ``tokengym rollout --model smollm2`` prints."""
     from tokengym.envs.templates import CHATML_TOOLS
     from tokengym.recorder.cli import demo_template
-    from tokengym.recorder.model_setup import env_template
+    from tokengym.recorder.drivers.model_setup import env_template
 
     template, line = demo_template(None, None)
     assert template == CHATML_TOOLS

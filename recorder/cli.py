@@ -269,6 +269,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\n{len(trajs)} trajectories written to {args.out}")
     print("next:")
     print(f"  tokengym inspect {args.out}")
+    print(f"  tokengym inspect {args.out} --html {args.out}.html   # a page with histograms and episodes in colour")
     print("  tokengym check-template qwen3 --conversation YOUR_TRANSCRIPT.json")
     print("  tokengym envs")
     if result.interrupted:

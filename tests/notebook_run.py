@@ -33,17 +33,23 @@ ABSOLUTE_PATH_RE = re.compile(
 )
 
 
+GENERIC_USERS = {"root", "user", "admin", "ubuntu", "debian", "runner", "jovyan", "vscode", "python", "node"}
+"""Account names too common to tell a machine by (they also appear in ordinary text)."""
+
+
 def _machine_words() -> list[str]:
-    """This machine's host name and user name, where they are distinctive enough to look for."""
+    """This machine's host name and user name, where they are distinctive enough to look for:
+    a host name with a digit or a hyphen (``gpu-node-3``, not a plain word that text may hold)
+    and a user name that is not a generic account."""
     words = []
     host = socket.gethostname().split(".")[0]
-    if len(host) >= 6 and host.lower() not in {"localhost"}:
+    if len(host) >= 4 and any(c.isdigit() or c == "-" for c in host):
         words.append(host)
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no name for this uid
         user = ""
-    if len(user) >= 5 and user.lower() not in {"runner", "jovyan"}:
+    if len(user) >= 4 and user.lower() not in GENERIC_USERS:
         words.append(user)
     return words
 

@@ -60,3 +60,30 @@ def test_the_probe_sees_torch_once_a_tensor_layout_is_built():
         to_packed([t])
     """)
     assert "torch" in heavy
+
+
+def test_reading_a_store_loads_neither_the_drivers_nor_the_policies():
+    # tokengym.recorder re-exports its names lazily: the store alone pulls in only the recording.
+    probe = """
+        import sys
+        import tokengym.recorder.store
+        print(sorted(m for m in sys.modules if m.startswith(("tokengym.recorder.drivers", "tokengym.recorder.learning", "tokengym.policies"))))
+    """
+    _, out = loaded_after(probe)
+    assert out.strip() == "[]", f"import tokengym.recorder.store loaded {out.strip()}"
+
+
+def test_every_exported_recorder_name_resolves_to_its_module():
+    # The lazy re-exports stay true: each name in __all__ is the object its module defines.
+    _, out = loaded_after("""
+        import importlib
+        import tokengym.recorder as r
+        wrong = [n for n in r.__all__ if getattr(r, n) is not getattr(importlib.import_module(r._EXPORTS[n], r.__name__), n)]
+        missing = sorted(set(r.__all__) ^ set(r._EXPORTS))
+        print(wrong, missing, "rollout" in dir(r))
+    """)
+    assert out.strip() == "[] [] True"
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        import tokengym.recorder
+
+        tokengym.recorder.not_a_name  # noqa: B018

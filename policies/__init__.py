@@ -9,7 +9,7 @@ rollout driver in ``tokengym.recorder`` connects the two. ``tokengym.envs`` is t
 import sys
 from typing import Any
 
-from .base import FinishReason, Generation, LogprobKind, Policy, SamplingParams, agenerate
+from .base import FinishReason, Generation, LogprobKind, Policy, SamplingParams, StreamsTokens, TokenListener, agenerate
 from .hf import HFPolicy
 from .openai_server import OpenAIServerPolicy
 from .scripted import ScriptedPolicy, scripted_replies
@@ -25,6 +25,8 @@ __all__ = [
     "Policy",
     "SamplingParams",
     "ScriptedPolicy",
+    "StreamsTokens",
+    "TokenListener",
     "VLLMPolicy",
     "agenerate",
     "scripted_replies",

@@ -11,13 +11,13 @@ kept probability mass).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["FinishReason", "Generation", "LogprobKind", "Policy", "SamplingParams"]
+__all__ = ["FinishReason", "Generation", "LogprobKind", "Policy", "SamplingParams", "StreamsTokens", "TokenListener"]
 
 FinishReason = Literal["stop", "stop_string", "length"]
 LogprobKind = Literal["raw", "processed", "none"]
@@ -97,6 +97,26 @@ class Policy(Protocol):
     ) -> list[Generation]:
         """One :class:`Generation` per context, in order: the new token ids (ending with the
         end-of-turn or stop token when one was hit), their logprobs and the finish reason."""
+        ...
+
+
+TokenListener = Callable[[int], None]
+"""Called with how many tokens a policy has just sampled (one decode step of a batch)."""
+
+
+@runtime_checkable
+class StreamsTokens(Protocol):
+    """A policy that samples token by token in this process, and says so as it goes.
+
+    A turn of a slow model takes minutes on a CPU; a progress display that counted tokens only
+    when a turn came back would stand still all that time. Drivers listen here while a run lasts
+    (:class:`~tokengym.policies.HFPolicy` implements it). Engines that hand back whole outputs
+    (vLLM, a server) do not, and are counted turn by turn.
+    """
+
+    def add_token_listener(self, listener: TokenListener) -> Callable[[], None]:
+        """Call ``listener(n)`` after each decode step that sampled ``n`` tokens (possibly from
+        the policy's own decode thread), until the returned function is called."""
         ...
 
 

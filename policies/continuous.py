@@ -186,6 +186,7 @@ class ContinuousDecoder:
             r.finish = self.policy._finished(r.ids, r.params)
             if r.finish is None:
                 keep.append(i)
+        self.policy.sampled(len(rows))  # before any finished request is resolved: counted while it runs
         return keep
 
     def _resolve(self, r: _Row) -> None:

@@ -11,7 +11,7 @@ recomputes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import inspect
@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from .base import Generation, SamplingParams, check_contexts, per_request
+from .base import Generation, SamplingParams, TokenListener, check_contexts, per_request
 
 if TYPE_CHECKING:  # torch and transformers load when a policy is built, not with the package
     import torch
@@ -96,6 +96,23 @@ class HFPolicy:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self.continuous_batching = continuous
         self._decoder: Any = None
+        self._listeners: list[TokenListener] = []
+
+    def add_token_listener(self, listener: TokenListener) -> Callable[[], None]:
+        """Call ``listener(n)`` after every decode step, with the ``n`` tokens it sampled (from the
+        continuous decode loop's thread for :meth:`agenerate`); returns the function that stops it.
+        A listener that raises fails the requests of that step, as a failing forward pass would."""
+        self._listeners = [*self._listeners, listener]  # a new list: the decode thread iterates the old one
+
+        def remove() -> None:
+            self._listeners = [f for f in self._listeners if f is not listener]
+
+        return remove
+
+    def sampled(self, n: int) -> None:
+        """Tell the listeners that a decode step sampled ``n`` tokens."""
+        for listener in self._listeners:
+            listener(n)
 
     def generate(
         self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
@@ -136,6 +153,7 @@ class HFPolicy:
             logits = self.forward(step_ids, mask, step_pos, cache)
             logprobs = torch.log_softmax(logits, dim=-1)
             next_ids = torch.full((n,), self.pad_token_id, dtype=torch.long, device=self.device)
+            live = 0
             for i, p in enumerate(params):
                 if finish[i] is not None:
                     continue
@@ -144,6 +162,8 @@ class HFPolicy:
                 out_ids[i].append(tok)
                 out_lp[i].append(float(logprobs[i, tok]))
                 finish[i] = self._finished(out_ids[i], p)
+                live += 1
+            self.sampled(live)
             if all(f is not None for f in finish):
                 break
             step_ids = next_ids[:, None]

@@ -176,6 +176,29 @@ DEMO_REPLAY_OUT = "tokengym-runs/demo-replay"
 """``demo --replay``'s own folder: its JSON Lines file stays out of the demo's Parquet store."""
 
 
+def demo_template(model: str | None, tokenizer: Any) -> tuple[str | None, str]:
+    """(the chat template the demo's Calculator env renders with, None for the tokenizer's own;
+    the line that says which one and why).
+
+    ``model`` None is the embedded SmolLM2, whose own template drops tool schemas, calls and
+    results: it gets ``CHATML_TOOLS``, as ``tokengym rollout --model smollm2`` does (the same line).
+    A model whose tokenizer has no chat template gets it too; any other keeps its own.
+    """
+    from tokengym.envs.templates import CHATML_TOOLS
+    from tokengym.recorder.drivers.model_setup import env_template
+
+    if model is None:
+        template, note = env_template("tokengym/Calculator-v0", "smollm2", {})
+        if template is None or note is None:  # pragma: no cover - Calculator is a tool env
+            raise RuntimeError("tokengym/Calculator-v0 is expected to be a tool env with SmolLM2's tool template")
+        return template, note
+    if not getattr(tokenizer, "chat_template", None):
+        return CHATML_TOOLS, (
+            f"chat template: tokengym.envs.templates.CHATML_TOOLS (the tokenizer of {model} has none)"
+        )
+    return None, f"chat template: {model}'s own (from its tokenizer)"
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.replay:
         return _demo_replay(args)
@@ -185,7 +208,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.policy == "hf" and args.model is not None and is_bundled_model(args.model):
         args.model = None  # the embedded default, with its tool template
     import tokengym.envs  # noqa: F401  (registers the tokengym/ envs)
-    from tokengym.envs.templates import CHATML_TOOLS
     from tokengym.policies import HFPolicy, SamplingParams
     from tokengym.policies.model_loading import load_smollm2
     from tokengym.recorder import TrajectoryWriter, rollout, summary_table
@@ -208,8 +230,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from tokengym.recorder.turnlog import TurnLog, tool_call_counts
 
     env_kwargs = {"tokenizer": tokenizer, "max_turns": args.max_turns, "few_shot": args.few_shot}
-    if args.model is None or not getattr(tokenizer, "chat_template", None):
-        env_kwargs["chat_template"] = CHATML_TOOLS  # SmolLM2's own template has no tool support
+    template, note = demo_template(args.model, tokenizer)
+    print(note, flush=True)
+    if template is not None:
+        env_kwargs["chat_template"] = template
     make_env = EnvRef("tokengym/Calculator-v0", (), env_kwargs)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
     print(
@@ -245,6 +269,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\n{len(trajs)} trajectories written to {args.out}")
     print("next:")
     print(f"  tokengym inspect {args.out}")
+    print(f"  tokengym inspect {args.out} --html {args.out}.html   # a page with histograms and episodes in colour")
     print("  tokengym check-template qwen3 --conversation YOUR_TRANSCRIPT.json")
     print("  tokengym envs")
     if result.interrupted:

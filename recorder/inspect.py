@@ -3,8 +3,9 @@
 ``tokengym inspect PATH`` prints what a store holds (episodes, tokens, reward
 statistics, turns, stop reasons, chat-template conformance, env ids, tokenizer) and
 then one trajectory as the exact token stream the policy saw, decoded segment by
-segment (the views of :mod:`tokengym.recorder.views`). ``--html FILE`` writes the same
-view as a self-contained HTML page.
+segment (the views of :mod:`tokengym.recorder.views`). ``--html FILE`` writes a report
+as one self-contained page (:mod:`tokengym.recorder.report`): the summary, histograms of
+rewards and of episode lengths, and a few episodes in colour.
 
 In a notebook::
 
@@ -58,11 +59,15 @@ from .views import (
 )
 
 __all__ = [
+    "REPORT_EPISODES",
     "add_inspect_parser",
     "cmd_inspect",
     "format_summary",
     "main",
+    "report_picks",
+    "store_report",
     "summarize_store",
+    "summary_rows",
     # and the views (tokengym.recorder.views), importable from here as before
     *_views.__all__,
 ]
@@ -120,6 +125,10 @@ class _Totals:
     def _cat(parts: list[np.ndarray]) -> np.ndarray:
         return np.concatenate(parts) if parts else np.zeros(0)
 
+    def per_episode(self) -> dict[str, np.ndarray]:
+        """``{"reward", "tokens", "turns"}``: one value per episode, in the store's order."""
+        return {"reward": self._cat(self.rewards), "tokens": self._cat(self.lengths), "turns": self._cat(self.turns)}
+
     def result(self) -> dict[str, Any]:
         n_tok, rew, n_turns = self._cat(self.lengths), self._cat(self.rewards), self._cat(self.turns)
         n = len(n_tok)
@@ -168,6 +177,11 @@ def summarize_store(path: str | os.PathLike[str]) -> dict[str, Any]:
             cannot be read: unknown schema version, corrupt shard, shards of two
             tokenizers (its subclasses name the file).
     """
+    return _summarize(path)[0]
+
+
+def _summarize(path: str | os.PathLike[str]) -> tuple[dict[str, Any], _Totals]:
+    """(:func:`summarize_store`'s dict, the totals it was made of: the per-episode values)."""
     root = Path(path)
     shards = shard_paths(root)  # FileNotFoundError when not a directory
     manifest = _read_manifest(root)
@@ -196,7 +210,7 @@ def summarize_store(path: str | os.PathLike[str]) -> dict[str, Any]:
         "tokenizer_hash": fingerprint,
         "vocab_size": manifest.get("vocab_size") if manifest else None,
         **totals.result(),
-    }
+    }, totals
 
 
 def _fmt(x: float | None, spec: str = ".4g") -> str:
@@ -209,6 +223,13 @@ def _counts(d: dict[str, int]) -> str:
 
 def format_summary(s: dict[str, Any]) -> str:
     """The summary as aligned text lines."""
+    rows = summary_rows(s)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary as (name, value) rows: the lines of :func:`format_summary`, the table of the HTML report."""
     t, r, tu, c = s["tokens_per_episode"], s["reward"], s["turns"], s["conformance"]
     share = f" ({100 * s['policy_tokens'] / s['tokens']:.1f}%)" if s["tokens"] else ""
     fp = (s["tokenizer_hash"] or "")[:12]
@@ -244,8 +265,110 @@ def format_summary(s: dict[str, Any]) -> str:
     ]
     if c["behaviours"]:
         rows.append(("behaviours", _counts(c["behaviours"])))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return rows
+
+
+# ----------------------------------------------------------------------- report
+REPORT_EPISODES = 3
+"""Episodes the HTML report shows in full by default: the one asked for, the highest and the lowest reward."""
+
+
+def report_picks(per_episode: dict[str, np.ndarray], episode: int = 0, show: int = REPORT_EPISODES) -> list[tuple[int, str]]:
+    """Which episodes the report shows, and why: ``episode`` (negative counts from the end), then
+    the highest and the lowest reward, the longest and the shortest, then the store's order;
+    ``show`` distinct episodes in all (fewer when the store has fewer). An episode picked for two
+    reasons is shown once, with both."""
+    rewards, tokens = per_episode["reward"], per_episode["tokens"]
+    n = len(rewards)
+    if not -n <= episode < n:
+        raise IndexError(f"--episode {episode} is out of range: the store holds {n} episodes")
+    if show < 1:
+        raise ValueError(f"the report shows at least one episode, not {show}")
+    candidates = [
+        (episode % n, "the one asked for" if episode else "the first in the store"),
+        (int(np.argmax(rewards)), f"highest reward ({rewards.max():.4g})"),
+        (int(np.argmin(rewards)), f"lowest reward ({rewards.min():.4g})"),
+        (int(np.argmax(tokens)), f"longest ({int(tokens.max()):,} tokens)"),
+        (int(np.argmin(tokens)), f"shortest ({int(tokens.min()):,} tokens)"),
+        *((i, "next in the store") for i in range(n)),
+    ]
+    picks: dict[int, list[str]] = {}
+    for index, why in candidates:
+        if index in picks:
+            if why != "next in the store":
+                picks[index].append(why)
+        elif len(picks) < show:
+            picks[index] = [why]
+    return [(index, "; ".join(whys)) for index, whys in picks.items()]
+
+
+def _read_episodes(path: str | os.PathLike[str], indices: set[int]) -> dict[int, Trajectory]:
+    """The store's episodes at ``indices`` (one pass, stopping after the last one wanted)."""
+    from .store import read_trajectories
+
+    found: dict[int, Trajectory] = {}
+    for i, traj in enumerate(read_trajectories(path)):
+        if i in indices:
+            found[i] = traj
+            if len(found) == len(indices):
+                break
+    missing = sorted(indices - found.keys())
+    if missing:  # pragma: no cover - the summary and the shards disagree
+        raise StoreError(f"{path}: episodes {missing} not found")
+    return found
+
+
+def _check_ids(traj: Trajectory, index: int, tok: Any) -> None:
+    if traj.token_ids.size and int(traj.token_ids.max()) >= len(tok):
+        raise ValueError(
+            f"episode {index} has token id {int(traj.token_ids.max())}, outside the {len(tok)} ids of the "
+            "decoding tokenizer: pass the tokenizer the store was written with (--tokenizer)"
+        )
+
+
+def _report(
+    summary: dict[str, Any], totals: _Totals, tok: Any, *, episode: int, show: int, document: bool
+) -> str:
+    from .report import render_store_report
+
+    if summary["episodes"] == 0:
+        raise StoreError(f"{summary['path']}: the store holds no episode to show in a report")
+    per = totals.per_episode()
+    picks = report_picks(per, episode, show)
+    trajs = _read_episodes(summary["path"], {i for i, _ in picks})
+    for i, _ in picks:
+        _check_ids(trajs[i], i, tok)
+    return render_store_report(
+        summary_rows(summary), per["reward"], per["tokens"], per["turns"],
+        [(i, why, trajs[i]) for i, why in picks], tok,
+        title=f"tokengym store {summary['path']}", document=document,
+    )
+
+
+def store_report(
+    path: str | os.PathLike[str],
+    tokenizer: Any,
+    *,
+    episode: int = 0,
+    show: int = REPORT_EPISODES,
+    document: bool = True,
+) -> str:
+    """The store as one self-contained HTML page (what ``tokengym inspect PATH --html FILE`` writes):
+    the summary, histograms of rewards and of lengths in tokens and turns (inline SVG), and
+    ``show`` episodes in colour (see :func:`report_picks`). ``document=False`` gives a fragment
+    for a notebook cell (``IPython.display.HTML(...)``).
+
+    Args:
+        tokenizer: decodes the shown episodes (a tokenizer, a ChatRenderer or a name for ``load_tokenizer``).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory.
+        StoreError: not a readable store, or one with no episode yet.
+        IndexError: ``episode`` out of range.
+        ValueError: an episode has ids outside the tokenizer's vocabulary.
+    """
+    summary, totals = _summarize(path)
+    return _report(summary, totals, _views._hf_tokenizer(tokenizer), episode=episode, show=show, document=document)
 
 
 # -------------------------------------------------------------------------- CLI
@@ -266,7 +389,20 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="for decoding: local folder, pinned name or hub name (default: the store's tokenizer when pinned)",
     )
     p.add_argument("--no-color", action="store_true", help="no ANSI colours (also: NO_COLOR=1)")
-    p.add_argument("--html", metavar="FILE", help="also write the episode as a self-contained HTML page")
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a report as one self-contained HTML page (inline SVG and CSS, no scripts): the summary, "
+        "histograms of rewards and of episode lengths in tokens and turns, and a few episodes in colour",
+    )
+    p.add_argument(
+        "--html-episodes",
+        type=int,
+        default=REPORT_EPISODES,
+        metavar="K",
+        help=f"episodes the report shows in full (default {REPORT_EPISODES}): the one --episode names, the highest and "
+        "lowest reward, the longest and shortest, then the store's order",
+    )
     p.add_argument(
         "--accept-shards",
         action="store_true",
@@ -343,7 +479,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                     print(f"accepted: {name} {what} the manifest")
             if not (changes["dropped"] or changes["added"]):
                 print("accepted: the manifest already listed exactly the shards on disk")
-        summary = summarize_store(args.path)
+        summary, totals = _summarize(args.path)
         print(format_summary(summary))
         if summary["episodes"] == 0:
             print("\nthe store holds no episodes yet")
@@ -362,11 +498,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         )
         if note:
             print(note, file=sys.stderr)
-        if tok is not None and traj.token_ids.size and int(traj.token_ids.max()) >= len(tok):
-            raise ValueError(
-                f"episode {index} has token id {int(traj.token_ids.max())}, outside the {len(tok)} ids of the "
-                "decoding tokenizer: pass the tokenizer the store was written with (--tokenizer)"
-            )
+        if tok is not None:
+            _check_ids(traj, index, tok)
         if tok is None:
             if args.html:
                 raise ValueError(f"--html needs a tokenizer to decode the tokens: {note}")
@@ -378,8 +511,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(render_turn_table(traj))
         if args.html:
             out = Path(args.html)
-            out.write_text(render_trajectory_html(traj, tok, document=True), encoding="utf-8")
-            print(f"\nwrote {out}")
+            page = _report(summary, totals, tok, episode=args.episode, show=args.html_episodes, document=True)
+            out.write_text(page, encoding="utf-8")
+            shown = min(args.html_episodes, summary["episodes"])
+            print(f"\nwrote {out}: the summary, histograms of rewards and lengths, {shown} episodes in colour")
         return 0
     except BrokenPipeError:  # e.g. `tokengym inspect runs/x | head`
         with contextlib.suppress(OSError, ValueError):

@@ -218,3 +218,87 @@ def test_an_interrupted_batch_stops_every_request_in_it(qwen25):
     finally:
         batcher.close()
     assert np.isfinite(batcher.busy_s)
+
+
+# ------------------------------------------------- progress while the first turns generate
+def _catch_bar(monkeypatch):
+    """The run's real progress bar, kept for the test to read."""
+    import tokengym.recorder.drivers.rollout as driver
+
+    bars = []
+    make = driver.progress_bar
+
+    def keep(total, enabled):
+        bars.append(make(total, enabled))
+        return bars[-1]
+
+    monkeypatch.setattr(driver, "progress_bar", keep)
+    return bars
+
+
+@pytest.mark.parametrize("schedule", ["async", "lockstep"])
+def test_the_bar_counts_tokens_before_any_turn_comes_back(qwen25, monkeypatch, capsys, schedule):
+    """A policy sampling here (HFPolicy) reports each decode step: the bar's token count moves while
+    the first turns are still generating, with no turn and no episode finished yet."""
+    from tokengym.policies import HFPolicy, StreamsTokens
+
+    policy = HFPolicy(tiny_qwen3(len(qwen25)), qwen25)
+    assert isinstance(policy, StreamsTokens)
+    bars = _catch_bar(monkeypatch)
+    seen = []  # (bar's tokens, turns back, episodes done) at each decode step, before the bar hears of it
+
+    def watch(n):
+        if bars:
+            bar = bars[0]
+            seen.append((bar.tokens_so_far, bar.turns, bar.bar.n, bar.bar.postfix))
+
+    policy.add_token_listener(watch)  # called before the bar's own listener, which the run adds later
+    r = rollout(
+        lambda: ReplayEnv(qwen25, max_turns=2), policy, episodes=2, concurrency=2,
+        sampling=SamplingParams(max_tokens=8), seed=0, schedule=schedule, progress=True,
+    )
+    assert r.stats.episodes == 2 and r.stats.turns == 4
+    # Step 2 of the first turns: the bar already shows step 1's tokens, and nothing has come back.
+    tokens, turns, episodes, postfix = seen[1]
+    assert tokens >= 1 and turns == 0 and episodes == 0
+    assert f"tok={tokens}" in postfix and "turns=0" in postfix
+    # The count only grows, and ends at the run's policy tokens, counted once.
+    counts = [s[0] for s in seen]
+    assert counts == sorted(counts)
+    assert bars[0].tokens_so_far == r.stats.policy_tokens and bars[0].turns == 4
+    assert f"tok={r.stats.policy_tokens}" in capsys.readouterr().err
+    assert policy._listeners == [watch]  # the run's own listener is gone
+
+
+def test_an_engine_that_does_not_stream_is_counted_turn_by_turn(qwen25, monkeypatch):
+    from tokengym.policies import StreamsTokens
+
+    bars = _catch_bar(monkeypatch)
+    policy = answer(qwen25)
+    assert not isinstance(policy, StreamsTokens)  # a scripted policy hands back whole turns, as vLLM does
+    r = rollout(lambda: CalculatorEnv(qwen25), policy, episodes=3, concurrency=2, progress=True)
+    assert bars[0].sampled == 0 and bars[0].generated == bars[0].tokens_so_far == r.stats.policy_tokens
+    assert bars[0].turns == r.stats.turns
+
+
+def test_hf_policy_reports_every_sampled_token(qwen25):
+    """The listener hears each token once, batched generate and continuous batching alike, until removed."""
+    import asyncio
+
+    from tokengym.policies import HFPolicy
+
+    policy = HFPolicy(tiny_qwen3(len(qwen25)), qwen25)
+    heard = []
+    stop = policy.add_token_listener(heard.append)
+    contexts = [[1, 2, 3], [4, 5]]
+    params = [SamplingParams(max_tokens=5, seed=1), SamplingParams(max_tokens=3, seed=2)]
+    gens = policy.generate(contexts, params)
+    assert sum(heard) == sum(len(g.token_ids) for g in gens) == 8 and max(heard) == 2
+    heard.clear()
+    gens = asyncio.run(policy.agenerate(contexts, params))
+    policy.close()
+    assert sum(heard) == sum(len(g.token_ids) for g in gens) == 8
+    stop()
+    heard.clear()
+    policy.generate(contexts, params)
+    assert heard == []

@@ -174,6 +174,7 @@ def test_demo_runs_smollm2_on_calculator(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "2 done, 0 failed" in proc.stdout and "tokengym inspect" in proc.stdout
+    assert "chat template: tokengym.envs.templates.CHATML_TOOLS (tokengym/Calculator-v0 has tools" in proc.stdout
     trajs = list(read_trajectories(out))
     assert len(trajs) == 2 and all(t.has_logprobs and t.env_id == "tokengym/Calculator-v0" for t in trajs)
     assert all(t.sampling["policy"].startswith("hf:") and t.sampling["logprob_kind"] == "raw" for t in trajs)
@@ -359,3 +360,56 @@ def test_envs_lists_whole_first_sentences(capsys):
     out = capsys.readouterr().out
     replay = next(line for line in out.splitlines() if line.startswith("tokengym/Replay-v0"))
     assert replay.rstrip().endswith(".") and "first assistant message; each step" in replay
+
+
+# ------------------------------------------------- the demo says which chat template it applies
+@pytest.mark.parametrize("own_template", [True, False], ids=["own-template", "no-template"])
+def test_demo_says_which_chat_template_it_applies(own_template, qwen25, tmp_path, capsys):
+    """One line before the episodes: the model's own template, or CHATML_TOOLS where its tokenizer has none."""
+    import copy
+
+    from tiny_qwen3 import save_tiny_qwen3
+
+    from tokengym.envs.templates import CHATML_TOOLS
+    from tokengym.recorder import read_trajectories
+
+    tok = copy.deepcopy(qwen25)
+    if not own_template:
+        tok.chat_template = None
+    model_dir, _ = save_tiny_qwen3(tok, tmp_path / "model")
+    out = tmp_path / "demo"
+    code = main([
+        "demo", "--model", str(model_dir), "--episodes", "1", "--concurrency", "1", "--max-tokens", "4",
+        "--max-turns", "1", "--few-shot", "0", "--out", str(out),
+    ])
+    assert code == 0
+    lines = capsys.readouterr().out.splitlines()
+    said = [line for line in lines if line.startswith("chat template: ")]
+    assert len(said) == 1 and lines.index(said[0]) < next(i for i, x in enumerate(lines) if x.startswith("Running"))
+    (traj,) = read_trajectories(out)
+
+    def prompt(**kwargs):  # the same episode's prompt, rendered by an env made here
+        import gymnasium as gym
+
+        env = gym.make("tokengym/Calculator-v0", tokenizer=tok, max_turns=1, few_shot=0, **kwargs)
+        return env.reset(seed=traj.seed)[0].tolist()
+
+    recorded = traj.token_ids[: traj.prompt_len].tolist()
+    if own_template:
+        assert said[0] == f"chat template: {model_dir}'s own (from its tokenizer)"
+        assert recorded == prompt()
+    else:
+        assert said[0] == f"chat template: tokengym.envs.templates.CHATML_TOOLS (the tokenizer of {model_dir} has none)"
+        assert recorded == prompt(chat_template=CHATML_TOOLS)
+
+
+def test_demo_says_smollm2_gets_the_tool_template_as_rollout_does():
+    """The embedded SmolLM2: CHATML_TOOLS, in the very line ``tokengym rollout --model smollm2`` prints."""
+    from tokengym.envs.templates import CHATML_TOOLS
+    from tokengym.recorder.cli import demo_template
+    from tokengym.recorder.drivers.model_setup import env_template
+
+    template, line = demo_template(None, None)
+    assert template == CHATML_TOOLS
+    assert line == env_template("tokengym/Calculator-v0", "smollm2", {})[1]
+    assert line.startswith("chat template: tokengym.envs.templates.CHATML_TOOLS (tokengym/Calculator-v0 has tools")

@@ -303,10 +303,11 @@ def test_cli_shows_summary_and_episode(store, tokenizer, tokenizer_name, capsys,
     assert code == 0 and "\x1b[" not in out
 
     html_file = tmp_path / "episode.html"
-    code, out, _ = run([path, "--episode", "2", "--html", html_file], capsys)
+    code, out, _ = run([path, "--episode", "2", "--html", html_file, "--html-episodes", "1"], capsys)
     assert code == 0 and str(html_file) in out
     page = html_file.read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>") and page.count('class="tg-action"') == trajs[2].num_turns
+    assert 'class="tg-episode" data-index="2"' in page
 
 
 def test_cli_errors(store, qwen25, capsys, tmp_path):
@@ -363,3 +364,234 @@ def test_cli_tokenizer_choice(qwen25, qwen3, capsys, tmp_path):
         w.write(play(RecordEpisodes(ReplayEnv(qwen3)), 0))
     code, _, err = run([tmp_path / "q3", "--tokenizer", "qwen2.5"], capsys)
     assert code == 2 and "outside" in err
+
+
+
+# ------------------------------------------------------------------ HTML report
+def calculator_script(renderer):
+    """A policy that plays Calculator from the question's text: it calls the tool on problems whose
+    first number is even and answers with the result; on the others it guesses a sum at once.
+    Episodes of one and two turns, right and wrong answers: a store worth a histogram."""
+
+    def act(context):
+        text = renderer.decode(context)
+        if "<tool_response>" in text:
+            result = text.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>", 1)[0]
+            return renderer.assistant({"role": "assistant", "content": f"<answer>{result}</answer>"}).ids
+        question = text.rsplit("<|im_start|>user\n", 1)[1]
+        a, b = (int(x) for x in re.findall(r"\d+", question)[:2])
+        if a % 2:
+            return renderer.assistant({"role": "assistant", "content": f"<answer>{a + b}</answer>"}).ids
+        op = "-" if "left" in question else "*" if ("box" in question or "each" in question) else "+"
+        call = {"type": "function", "function": {"name": "calculate", "arguments": {"expression": f"{a} {op} {b}"}}}
+        return renderer.assistant({"role": "assistant", "content": "", "tool_calls": [call]}).ids
+
+    return act
+
+
+@pytest.fixture(scope="module")
+def rollout_store(qwen25, tmp_path_factory):
+    """A store written by a real rollout: the Calculator env, its real tool, the real Qwen2.5 template."""
+    from tokengym.envs import ChatRenderer
+    from tokengym.policies import ScriptedPolicy
+    from tokengym.recorder import read_trajectories, rollout
+
+    path = tmp_path_factory.mktemp("rollout") / "store"
+    policy = ScriptedPolicy(calculator_script(ChatRenderer(qwen25)))
+    with TrajectoryWriter(path, tokenizer=qwen25, tokenizer_name="qwen2.5", shard_size=5) as writer:
+        result = rollout(
+            "tokengym/Calculator-v0", policy, episodes=12, concurrency=4, seed=0, progress=False,
+            env_kwargs={"tokenizer": qwen25}, on_episode=writer.write,
+        )
+    assert result.stats.failed == 0
+    trajs = list(read_trajectories(path))
+    assert len(trajs) == 12
+    assert len({t.reward for t in trajs}) == 2 and len({t.num_turns for t in trajs}) == 2  # a real spread
+    return path, trajs
+
+
+class Report(HTMLParser):
+    """The report's parts: summary rows, histogram bars per chart, episode sections."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.rows: dict[str, str] = {}
+        self.charts: dict[str, list[tuple[str, int]]] = {}
+        self.bars: dict[str, list[tuple[int, float, float]]] = {}
+        self.episodes: list[dict] = []
+        self.tags: Counter = Counter()
+        self._cell: list[str] | None = None
+        self._row: list[str] = []
+        self._chart: str | None = None
+        self._why: list[str] | None = None
+        self._action: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags[tag] += 1
+        if tag in ("th", "td"):
+            self._cell = []
+        elif tag == "svg" and a.get("class") == "tg-hist":
+            self._chart = a["aria-label"]
+            self.charts[self._chart] = []
+        elif tag == "rect" and a.get("class") == "tg-bar":
+            self.charts[self._chart].append((a["data-label"], int(a["data-count"])))
+            self.bars.setdefault(self._chart, []).append((int(a["data-count"]), float(a["data-lo"]), float(a["data-hi"])))
+        elif tag == "div" and a.get("class") == "tg-episode":
+            self.episodes.append({"index": int(a["data-index"]), "why": "", "actions": []})
+        elif tag == "div" and a.get("class") == "tg-why":
+            self._why = []
+        elif tag == "span" and a.get("class") == "tg-action":
+            self._action = []
+
+    def handle_endtag(self, tag):
+        if tag in ("th", "td") and self._cell is not None:
+            self._row.append("".join(self._cell))
+            self._cell = None
+            if len(self._row) == 2:
+                self.rows[self._row[0]] = self._row[1]
+                self._row = []
+        elif tag == "svg":
+            self._chart = None
+        elif tag == "div" and self._why is not None:
+            self.episodes[-1]["why"] = "".join(self._why)
+            self._why = None
+        elif tag == "span" and self._action is not None:
+            self.episodes[-1]["actions"].append("".join(self._action))
+            self._action = None
+
+    def handle_data(self, data):
+        for part in (self._cell, self._why, self._action):
+            if part is not None:
+                part.append(data)
+
+
+def parse_report(page: str) -> Report:
+    r = Report()
+    r.feed(page)
+    return r
+
+
+def test_html_report_of_a_real_rollout(rollout_store, qwen25, capsys, tmp_path):
+    from tokengym.recorder.inspect import report_picks, summary_rows
+
+    path, trajs = rollout_store
+    out = tmp_path / "report.html"
+    code, text, err = run([path, "--html", out], capsys)
+    assert code == 0 and err == "" and f"wrote {out}" in text and "3 episodes in colour" in text
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    # Self-contained: nothing to fetch, nothing to run.
+    for outside in ("<script", "http", "src=", "href=", "url(", "@import", "<link", "<iframe"):
+        assert outside not in page, outside
+    report = parse_report(page)
+
+    # The summary: the rows the terminal shows.
+    summary = summarize_store(path)
+    assert report.rows == dict(summary_rows(summary)) and report.rows["episodes"] == "12"
+
+    # The histograms: every episode counted once, in the bar of its value.
+    assert set(report.charts) == {"reward per episode", "length in tokens", "length in turns"}
+    rewards = Counter(f"{t.reward:.4g}" for t in trajs)
+    assert dict(report.charts["reward per episode"]) == rewards and set(rewards) == {"0", "1"}
+    assert dict(report.charts["length in turns"]) == Counter(str(t.num_turns) for t in trajs)
+    tokens = report.bars["length in tokens"]
+    assert sum(c for c, _, _ in tokens) == 12 and len(tokens) <= 24
+    lengths = [len(t) for t in trajs]
+    assert tokens[0][1] == min(lengths) and tokens[-1][2] >= max(lengths)
+    for count, lo, hi in tokens:  # whole-number bins, one after the other: a linear axis
+        assert count == sum(lo <= n <= hi for n in lengths)
+    assert all(b[1] == a[2] + 1 for a, b in zip(tokens, tokens[1:]))
+
+    # The episodes: the first, the highest and the lowest reward, each with its policy tokens in colour.
+    picks = report_picks({"reward": np.array([t.reward for t in trajs]), "tokens": np.array([len(t) for t in trajs])})
+    assert [e["index"] for e in report.episodes] == [i for i, _ in picks] and len(picks) == 3
+    whys = " ".join(e["why"] for e in report.episodes)
+    assert "highest reward (1)" in whys and "lowest reward (0)" in whys
+    for e in report.episodes:
+        t = trajs[e["index"]]
+        assert e["why"].startswith(f"episode {e['index']} of 12: ")
+        assert e["actions"] == segment_texts_of(t, qwen25, SegmentKind.ACTION)
+        assert len(e["actions"]) == t.num_turns
+
+
+def segment_texts_of(traj, tokenizer, kind):
+    return [text for seg, text in zip(traj.segments, segment_texts(traj, tokenizer)) if seg.kind is kind]
+
+
+def test_html_report_episodes_asked_for(rollout_store, capsys, tmp_path):
+    path, trajs = rollout_store
+    out = tmp_path / "report.html"
+    code, _, _ = run([path, "--html", out, "--episode", "-1", "--html-episodes", "5"], capsys)
+    assert code == 0
+    report = parse_report(out.read_text(encoding="utf-8"))
+    assert len(report.episodes) == 5 and report.episodes[0]["index"] == 11
+    assert report.episodes[0]["why"].startswith("episode 11 of 12: the one asked for")
+    assert len({e["index"] for e in report.episodes}) == 5
+    code, _, err = run([path, "--html", out, "--html-episodes", "0"], capsys)
+    assert code == 2 and "at least one episode" in err
+    code, _, err = run([path, "--html", out, "--episode", "12"], capsys)
+    assert code == 2 and "out of range" in err
+
+
+def test_html_report_refusals(rollout_store, qwen25, capsys, tmp_path):
+    from tokengym.recorder.inspect import store_report
+
+    code, _, err = run([tmp_path / "missing", "--html", tmp_path / "r.html"], capsys)
+    assert code == 2 and "not a directory" in err and not (tmp_path / "r.html").exists()
+    TrajectoryWriter(tmp_path / "empty", tokenizer=qwen25).close()
+    code, _, err = run([tmp_path / "empty", "--html", tmp_path / "r.html"], capsys)
+    assert code == 2 and "no episode" in err and not (tmp_path / "r.html").exists()
+    with pytest.raises(StoreError, match="no episode to show"):
+        store_report(tmp_path / "empty", qwen25)
+    with pytest.raises(FileNotFoundError):
+        store_report(tmp_path / "missing", qwen25)
+    # In a notebook: a fragment (no page around it), the same parts.
+    path, _ = rollout_store
+    fragment = store_report(path, qwen25, show=2, document=False)
+    assert not fragment.startswith("<!DOCTYPE") and fragment.startswith('<div class="tokengym-report">')
+    assert len(parse_report(fragment).episodes) == 2
+
+
+def test_report_picks_merge_reasons_and_fill_in_store_order():
+    from tokengym.recorder.inspect import report_picks
+
+    per = {"reward": np.array([1.0, 0.0, 1.0, 0.5]), "tokens": np.array([10, 30, 20, 5])}
+    assert report_picks(per) == [
+        (0, "the first in the store; highest reward (1)"),
+        (1, "lowest reward (0); longest (30 tokens)"),
+        (3, "shortest (5 tokens)"),
+    ]
+    picks = report_picks(per, show=10)
+    assert [i for i, _ in picks] == [0, 1, 3, 2]  # distinct, at most the store's episodes
+    assert picks[1] == (1, "lowest reward (0); longest (30 tokens)")
+    assert report_picks(per, episode=-2, show=1) == [(2, "the one asked for")]
+    same = {"reward": np.zeros(3), "tokens": np.full(3, 7)}
+    assert report_picks(same, show=3) == [
+        (0, "the first in the store; highest reward (0); lowest reward (0); longest (7 tokens); shortest (7 tokens)"),
+        (1, "next in the store"),
+        (2, "next in the store"),
+    ]
+    with pytest.raises(IndexError, match="out of range"):
+        report_picks(per, episode=4)
+
+
+def test_histogram_bars():
+    from tokengym.recorder.report import histogram, render_histogram_svg
+
+    h = histogram([0, 1, 1, 0.5])
+    assert h.labels == [0, 0.5, 1] and h.counts == [1, 1, 2] and h.edges is None
+    h = histogram([3, 7, 7, 5], integer=True)  # every whole number of the range, the empty ones too
+    assert h.labels == [3, 4, 5, 6, 7] and h.counts == [1, 0, 1, 0, 2]
+    many = np.arange(1000) % 97 + 3  # 97 distinct lengths
+    h = histogram(many, integer=True)
+    assert len(h.counts) <= 24 and sum(h.counts) == 1000 and h.labels is None
+    assert h.edges[0] == 2.5 and h.edges[-1] >= 99.5 and all(e % 1 == 0.5 for e in h.edges)  # whole numbers per bin
+    floats = np.linspace(-1, 1, 500)
+    h = histogram(floats)
+    assert len(h.counts) == 24 and sum(h.counts) == 500 and h.edges[0] == -1 and h.edges[-1] == 1
+    assert histogram([]).counts == []
+    with pytest.raises(ValueError, match="non-finite"):
+        histogram([1.0, float("nan")])
+    svg = render_histogram_svg(many, "t <x>", "tokens", integer=True)
+    assert svg.count('class="tg-bar"') == len(histogram(many, integer=True).counts) and "t &lt;x&gt;" in svg

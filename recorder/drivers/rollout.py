@@ -27,7 +27,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from tokengym.policies import Generation, Policy, SamplingParams
+from tokengym.policies import Generation, Policy, SamplingParams, StreamsTokens
 from tokengym.policies.batching import RequestBatcher
 
 from .episodes import (  # the shared names stay importable from here, where they were first
@@ -163,12 +163,16 @@ def rollout(
     slots = [EpisodeSlot(RecordEpisodes(make_env(), keep=False, sampling=record)) for _ in range(min(concurrency, len(ids)))]
     planned = plan_tasks(ids, seed, base, group_size=group_size, tasks=tasks)
     bar = progress_bar(len(ids), progress)
+    # A policy sampling here reports each decode step: the bar moves before the first turn is back.
+    unlisten = policy.add_token_listener(bar.live) if progress and isinstance(policy, StreamsTokens) else None
     start = time.perf_counter()
     run = _async if schedule == "async" else _lockstep
     interrupted = False
     try:
         interrupted = run(slots, planned, base, policy, stats, lambda rows: record_finished(stats, rows, done, on_episode, bar), bar)
     finally:
+        if unlisten is not None:
+            unlisten()
         bar.close()
         stats.wall_s = time.perf_counter() - start
         for s in slots:
@@ -211,7 +215,7 @@ def _async(
 
     async def generate(context: list[int], params: SamplingParams) -> Generation:
         gen = await batcher.generate(context, params)
-        bar.tokens(len(gen.token_ids))
+        bar.turn_done(len(gen.token_ids))
         return gen
 
     def on_outcome(task: EpisodeTask, outcome: Outcome) -> None:
@@ -254,6 +258,8 @@ def _lockstep(
                 t0 = time.perf_counter()
                 gens = policy.generate([s.stream for s in live], params)
                 stats.engine_s += time.perf_counter() - t0
+                for gen in gens:
+                    bar.turn_done(len(gen.token_ids))
                 still = []
                 for slot, gen, result in pool.map(lambda a: (a[0], a[1], a[0].step(a[1])), zip(live, gens)):
                     if isinstance(result, Exception):

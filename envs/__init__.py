@@ -45,6 +45,7 @@ from .registry import (
 )
 from .replay import ReplayEnv, example_transcript, load_transcript
 from .tokenizers import PINNED_TOKENIZERS, fetch_tokenizer, load_tokenizer
+from .tool_runner import ToolRunner, abandoned_threads
 from .tool_env import CallRecord, ToolEnv, answer_reward, extract_answer, strip_reasoning, truncate_middle
 from .function_tools import (
     Tool,
@@ -52,8 +53,6 @@ from .function_tools import (
     ToolError,
     ToolOutcome,
     ToolResult,
-    ToolRunner,
-    abandoned_threads,
     as_tool,
     check_arguments,
     tool,

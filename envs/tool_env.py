@@ -31,7 +31,8 @@ import numpy as np
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt
 from .parsers import ParsedCall, ToolCallParser, call_evidence, get_parser, parse_calls
 from .render import Message
-from .function_tools import Tool, ToolCall, ToolRunner, expand_tools
+from .function_tools import Tool, ToolCall, expand_tools
+from .tool_runner import ToolRunner
 
 __all__ = [
     "CallRecord",

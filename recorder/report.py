@@ -15,15 +15,30 @@ from __future__ import annotations
 
 import html
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from . import views as _views
+from .store import StoreError
+from .summary import Totals, summarize_with_totals, summary_rows
 from .trajectory import Trajectory
 from .views import HTML_COLORS, render_trajectory_html
 
-__all__ = ["Histogram", "histogram", "render_histogram_svg", "render_store_report"]
+__all__ = [
+    "REPORT_EPISODES",
+    "Histogram",
+    "check_ids",
+    "histogram",
+    "render_histogram_svg",
+    "render_report",
+    "render_store_report",
+    "report_picks",
+    "store_report",
+]
 
 MAX_BARS = 24
 """At most this many bars per histogram: distinct values up to it get a bar each, more are binned."""
@@ -222,3 +237,104 @@ def render_store_report(
         f"<title>{html.escape(title)}</title><style>{_PAGE_CSS}</style></head>"
         f'<body class="tokengym-report">{body}</body></html>\n'
     )
+
+
+# ------------------------------------------------------------- a store's report
+REPORT_EPISODES = 3
+"""Episodes the HTML report shows in full by default: the one asked for, the highest and the lowest reward."""
+
+
+def report_picks(per_episode: dict[str, np.ndarray], episode: int = 0, show: int = REPORT_EPISODES) -> list[tuple[int, str]]:
+    """Which episodes the report shows, and why: ``episode`` (negative counts from the end), then
+    the highest and the lowest reward, the longest and the shortest, then the store's order;
+    ``show`` distinct episodes in all (fewer when the store has fewer). An episode picked for two
+    reasons is shown once, with both."""
+    rewards, tokens = per_episode["reward"], per_episode["tokens"]
+    n = len(rewards)
+    if not -n <= episode < n:
+        raise IndexError(f"--episode {episode} is out of range: the store holds {n} episodes")
+    if show < 1:
+        raise ValueError(f"the report shows at least one episode, not {show}")
+    candidates = [
+        (episode % n, "the one asked for" if episode else "the first in the store"),
+        (int(np.argmax(rewards)), f"highest reward ({rewards.max():.4g})"),
+        (int(np.argmin(rewards)), f"lowest reward ({rewards.min():.4g})"),
+        (int(np.argmax(tokens)), f"longest ({int(tokens.max()):,} tokens)"),
+        (int(np.argmin(tokens)), f"shortest ({int(tokens.min()):,} tokens)"),
+        *((i, "next in the store") for i in range(n)),
+    ]
+    picks: dict[int, list[str]] = {}
+    for index, why in candidates:
+        if index in picks:
+            if why != "next in the store":
+                picks[index].append(why)
+        elif len(picks) < show:
+            picks[index] = [why]
+    return [(index, "; ".join(whys)) for index, whys in picks.items()]
+
+
+def _read_episodes(path: str | os.PathLike[str], indices: set[int]) -> dict[int, Trajectory]:
+    """The store's episodes at ``indices`` (one pass, stopping after the last one wanted)."""
+    from .store import read_trajectories
+
+    found: dict[int, Trajectory] = {}
+    for i, traj in enumerate(read_trajectories(path)):
+        if i in indices:
+            found[i] = traj
+            if len(found) == len(indices):
+                break
+    missing = sorted(indices - found.keys())
+    if missing:  # pragma: no cover - the summary and the shards disagree
+        raise StoreError(f"{path}: episodes {missing} not found")
+    return found
+
+
+def check_ids(traj: Trajectory, index: int, tok: Any) -> None:
+    if traj.token_ids.size and int(traj.token_ids.max()) >= len(tok):
+        raise ValueError(
+            f"episode {index} has token id {int(traj.token_ids.max())}, outside the {len(tok)} ids of the "
+            "decoding tokenizer: pass the tokenizer the store was written with (--tokenizer)"
+        )
+
+
+def render_report(
+    summary: dict[str, Any], totals: Totals, tok: Any, *, episode: int, show: int, document: bool
+) -> str:
+    if summary["episodes"] == 0:
+        raise StoreError(f"{summary['path']}: the store holds no episode to show in a report")
+    per = totals.per_episode()
+    picks = report_picks(per, episode, show)
+    trajs = _read_episodes(summary["path"], {i for i, _ in picks})
+    for i, _ in picks:
+        check_ids(trajs[i], i, tok)
+    return render_store_report(
+        summary_rows(summary), per["reward"], per["tokens"], per["turns"],
+        [(i, why, trajs[i]) for i, why in picks], tok,
+        title=f"tokengym store {summary['path']}", document=document,
+    )
+
+
+def store_report(
+    path: str | os.PathLike[str],
+    tokenizer: Any,
+    *,
+    episode: int = 0,
+    show: int = REPORT_EPISODES,
+    document: bool = True,
+) -> str:
+    """The store as one self-contained HTML page (what ``tokengym inspect PATH --html FILE`` writes):
+    the summary, histograms of rewards and of lengths in tokens and turns (inline SVG), and
+    ``show`` episodes in colour (see :func:`report_picks`). ``document=False`` gives a fragment
+    for a notebook cell (``IPython.display.HTML(...)``).
+
+    Args:
+        tokenizer: decodes the shown episodes (a tokenizer, a ChatRenderer or a name for ``load_tokenizer``).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory.
+        StoreError: not a readable store, or one with no episode yet.
+        IndexError: ``episode`` out of range.
+        ValueError: an episode has ids outside the tokenizer's vocabulary.
+    """
+    summary, totals = summarize_with_totals(path)
+    return render_report(summary, totals, _views._hf_tokenizer(tokenizer), episode=episode, show=show, document=document)

@@ -148,7 +148,7 @@ def test_demo_and_envs_as_a_user_runs_them(tmp_path):
 
 def test_demo_replay_writes_to_its_own_folder_not_the_demo_store(tmp_path, monkeypatch, capsys):
     """``demo --replay`` appends JSON Lines: in the demo's Parquet store folder they would sit among its shards."""
-    from tokengym.recorder.cli import DEMO_OUT, DEMO_REPLAY_OUT
+    from tokengym.recorder.cli.demo import DEMO_OUT, DEMO_REPLAY_OUT
 
     monkeypatch.chdir(tmp_path)
     assert main(["demo", "--replay", "--no-color"]) == 0
@@ -406,7 +406,7 @@ def test_demo_says_which_chat_template_it_applies(own_template, qwen25, tmp_path
 def test_demo_says_smollm2_gets_the_tool_template_as_rollout_does():
     """The embedded SmolLM2: CHATML_TOOLS, in the very line ``tokengym rollout --model smollm2`` prints."""
     from tokengym.envs.templates import CHATML_TOOLS
-    from tokengym.recorder.cli import demo_template
+    from tokengym.recorder.cli.demo import demo_template
     from tokengym.recorder.drivers.model_setup import env_template
 
     template, line = demo_template(None, None)

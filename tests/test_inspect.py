@@ -15,19 +15,17 @@ import pytest
 import tokengym.envs  # noqa: F401  (registers the envs)
 from tokengym.envs import ReplayEnv
 from tokengym.recorder import RecordEpisodes, Segment, SegmentKind, Trajectory, TrajectoryWriter
-from tokengym.recorder.inspect import (
+from tokengym.recorder.cli.inspect_store import add_inspect_parser, cmd_inspect
+from tokengym.recorder.summary import format_summary, summarize_store
+from tokengym.recorder.views import (
     ANSI_COLORS,
     HTML_COLORS,
-    add_inspect_parser,
-    cmd_inspect,
-    format_summary,
-    render_trajectory_html,
     render_legend_text,
+    render_trajectory_html,
     render_trajectory_text,
     render_turn_table,
     segment_texts,
     strip_ansi,
-    summarize_store,
     view,
 )
 from tokengym.recorder.store import MANIFEST_NAME, StoreError, shard_paths
@@ -230,13 +228,20 @@ def test_turn_table_and_legend(store, tokenizer):
     }
 
 
-def test_views_have_their_own_module_and_stay_importable_from_inspect():
-    import tokengym.recorder.inspect as inspect_module
+def test_the_command_the_summary_the_report_and_the_views_each_have_their_module():
+    import importlib
+
+    import tokengym.recorder.cli.inspect_store as command
+    import tokengym.recorder.report as report
+    import tokengym.recorder.summary as summary
     import tokengym.recorder.views as views
 
-    assert views.__all__ and set(views.__all__) <= set(inspect_module.__all__)
-    for name in views.__all__:
-        assert getattr(inspect_module, name) is getattr(views, name), name
+    # No module of the recorder is named after a standard-library one (``inspect``).
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("tokengym.recorder.inspect")
+    assert views.__all__ and summary.__all__ and report.__all__
+    assert command.render_trajectory_text is views.render_trajectory_text
+    assert command.format_summary is summary.format_summary and report.summary_rows is summary.summary_rows
 
 
 def test_html_has_every_segment_with_its_class_and_colour_escaped(store, tokenizer):
@@ -473,7 +478,8 @@ def parse_report(page: str) -> Report:
 
 
 def test_html_report_of_a_real_rollout(rollout_store, qwen25, capsys, tmp_path):
-    from tokengym.recorder.inspect import report_picks, summary_rows
+    from tokengym.recorder.report import report_picks
+    from tokengym.recorder.summary import summary_rows
 
     path, trajs = rollout_store
     out = tmp_path / "report.html"
@@ -535,7 +541,7 @@ def test_html_report_episodes_asked_for(rollout_store, capsys, tmp_path):
 
 
 def test_html_report_refusals(rollout_store, qwen25, capsys, tmp_path):
-    from tokengym.recorder.inspect import store_report
+    from tokengym.recorder.report import store_report
 
     code, _, err = run([tmp_path / "missing", "--html", tmp_path / "r.html"], capsys)
     assert code == 2 and "not a directory" in err and not (tmp_path / "r.html").exists()
@@ -554,7 +560,7 @@ def test_html_report_refusals(rollout_store, qwen25, capsys, tmp_path):
 
 
 def test_report_picks_merge_reasons_and_fill_in_store_order():
-    from tokengym.recorder.inspect import report_picks
+    from tokengym.recorder.report import report_picks
 
     per = {"reward": np.array([1.0, 0.0, 1.0, 0.5]), "tokens": np.array([10, 30, 20, 5])}
     assert report_picks(per) == [

@@ -180,7 +180,7 @@ def test_every_module_is_read(project_edges):
     assert {"tokengym.envs", "tokengym.recorder.store", "tokengym.recorder.cli", "tokengym.policies.hf"} <= set(mods)
     assert len(mods) > 40
     # The reader sees lazy imports inside functions (the CLI imports its commands' needs there).
-    assert any(e.source == "tokengym.recorder.cli" and e.target == "tokengym.policies" for e in project_edges)
+    assert any(e.source.startswith("tokengym.recorder.cli.") and e.target == "tokengym.policies" for e in project_edges)
     for m in mods:
         layer(m)
 

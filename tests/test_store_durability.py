@@ -28,7 +28,7 @@ import pytest
 
 from tokengym.envs import ReplayEnv, fetch_tokenizer
 from tokengym.recorder import RecordEpisodes
-from tokengym.recorder.inspect import summarize_store
+from tokengym.recorder.summary import summarize_store
 from tokengym.recorder.cli import main
 from tokengym.recorder.store import (
     MANIFEST_NAME,

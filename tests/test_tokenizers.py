@@ -152,7 +152,7 @@ def test_each_corrupted_pin_is_fetched_again(name, tmp_path, monkeypatch):
 
 
 def test_cli_help_names_every_pin():
-    from tokengym.recorder.cli import _PINNED_NAMES
+    from tokengym.recorder.cli.parser import _PINNED_NAMES
 
     assert _PINNED_NAMES.split(", ") == list(tk.PINNED_TOKENIZERS)
 

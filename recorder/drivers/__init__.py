@@ -9,7 +9,7 @@ integrations and the command line, which call them. One episode's turn loop is w
 * ``episodes``: an env copy and its episode's state (``EpisodeSlot``), the plan of tasks and groups,
   the progress bar;
 * ``rollout``: :func:`~tokengym.recorder.rollout`, the local entry point (async or lock-step), which also picks Ray;
-* ``ray_backend``: env workers and policy engines as Ray actors;
+* ``ray_backend``: the Ray driver, with its actors in ``ray_actors`` (env workers, policy engines);
 * ``model_setup``: a ``--model`` argument turned into a policy and the env's chat template.
 
 Nothing is re-exported here, so each name above is its module; the functions users call are

@@ -37,8 +37,6 @@ Ray is imported only when this backend runs: ``pip install "tokengym[ray]"``.
 from __future__ import annotations
 
 import math
-import os
-import queue
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -47,18 +45,14 @@ from typing import Any
 
 import gymnasium as gym
 
-from tokengym.policies import Generation, Policy, SamplingParams
-from tokengym.policies.batching import RequestBatcher
+from tokengym.policies import Policy, SamplingParams
 
 from .episodes import (
     EpisodeError,
     PolicyFactory,
     RolloutResult,
     RolloutStats,
-    EpisodeSlot,
     EpisodeTask,
-    build_policy,
-    env_factory,
     episode_ids,
     is_policy,
     plan_tasks,
@@ -66,10 +60,9 @@ from .episodes import (
     record_finished,
     sampling_record,
 )
-from .runner import EngineLost, play
+from .ray_actors import EnvWorker, PolicyEngine, root_cause, short_error
 from ..stopping import stop_on_signals
 from ..trajectory import Trajectory
-from ..wrapper import RecordEpisodes
 
 __all__ = ["INSTALL_HINT", "EnvWorker", "PolicyEngine", "RayBackend", "RolloutError", "import_ray"]
 
@@ -96,132 +89,6 @@ class RolloutError(RuntimeError):
         self.result = result
 
 
-def _cause(err: BaseException) -> BaseException:
-    """The user-code exception inside a Ray task error."""
-    return getattr(err, "cause", None) or err
-
-
-def _short(err: BaseException, limit: int = 300) -> str:
-    text = f"{type(err).__name__}: {err}".strip()
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# --------------------------------------------------------------------- actors
-class EnvWorker:
-    """``slots`` env copies in one process; runs whole episodes, one per slot at a time.
-
-    Made a Ray actor by :class:`RayBackend` (threaded: ``max_concurrency=slots + 1``, so a
-    slow tool in one slot does not hold up the others, and control calls always get a thread).
-    """
-
-    def __init__(self, make_env: Callable[[], gym.Env] | str, env_kwargs: dict[str, Any] | None, slots: int) -> None:
-        from tokengym.envs import load_tokenizer
-        from tokengym.envs.registry import EnvRef
-
-        if isinstance(make_env, str):
-            # Resolved here as in the caller's process: module:id, declared envs (tokengym.envs.registry).
-            make_env, env_kwargs = EnvRef(make_env, (), dict(env_kwargs or {})), None
-        if isinstance(make_env, EnvRef) and isinstance(make_env.kwargs.get("tokenizer"), (str, os.PathLike)):
-            # Load a named tokenizer once for all of this worker's env copies (as the CLI does locally).
-            make_env = make_env.with_kwargs(tokenizer=load_tokenizer(make_env.kwargs["tokenizer"]))
-        factory = env_factory(make_env, env_kwargs)
-        self._envs = [RecordEpisodes(factory(), keep=False) for _ in range(slots)]
-        self._free: queue.SimpleQueue[RecordEpisodes] = queue.SimpleQueue()
-        for env in self._envs:
-            self._free.put(env)
-
-    def node_id(self) -> str:
-        """The Ray node this worker runs on (episodes per node are reported)."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
-    def run_episode(self, task: EpisodeTask, engine: Any, config: tuple[SamplingParams, int, dict[str, Any]]) -> dict[str, Any]:
-        """One whole episode against ``engine``: ``{"episode", "trajectories"}`` (its rows) or ``{"episode", "error"}``.
-
-        ``config`` is the run's ``(base sampling, seed, sampling record)``. The turn loop is the
-        local driver's (:func:`tokengym.recorder.drivers.runner.play`), on this thread's own event loop.
-        """
-        import asyncio
-
-        base, _, record = config
-        episode = task.episode
-        env = self._free.get()  # the driver never sends more episodes than slots
-        try:
-            env.sampling = record
-            generate = _engine_generate(engine)
-            try:
-                outcome = asyncio.run(play(EpisodeSlot(env), task, base, generate))
-            except EngineLost as err:
-                return {"episode": episode, "engine_died": str(err)}
-            if isinstance(outcome, EpisodeError):
-                return {"episode": episode, "error": outcome}
-            return {"episode": episode, "trajectories": outcome}
-        finally:
-            self._free.put(env)
-
-    def close(self) -> None:
-        """Close every env (and so its tools' and sandboxes' resources)."""
-        for env in self._envs:
-            env.close()
-
-
-def _engine_generate(engine: Any) -> Any:
-    """The runner's ``generate`` over a policy engine actor: a refusal fails the request, a dead actor is :class:`EngineLost`."""
-    import ray
-
-    async def generate(context: list[int], params: SamplingParams) -> Generation:
-        try:
-            return ray.get(engine.generate.remote(context, params))  # this thread's loop runs only this episode
-        except ray.exceptions.RayTaskError as err:  # the policy refused this request
-            raise _cause(err) from None
-        except ray.exceptions.RayError as err:  # the engine actor is gone (Ray retries while it restarts)
-            raise EngineLost(_short(err)) from None
-
-    return generate
-
-
-class PolicyEngine:
-    """One policy in an actor; requests that arrive while it is busy are batched together.
-
-    Made an async Ray actor by :class:`RayBackend`. The policy is built, and always called,
-    on one thread of its own (:class:`~tokengym.policies.batching.RequestBatcher`, as the local
-    driver does).
-    """
-
-    def __init__(self, policy: Policy | PolicyFactory, batch_wait_s: float = 0.0) -> None:
-        self._batcher = RequestBatcher(lambda: build_policy(policy), batch_wait_s=batch_wait_s)
-        self.policy = self._batcher.policy
-
-    def describe(self) -> dict[str, Any]:
-        """The engine's policy name, logprob kind and process id (a new pid means Ray restarted it)."""
-        import ray
-
-        return {
-            "name": getattr(self.policy, "name", type(self.policy).__name__),
-            "logprob_kind": getattr(self.policy, "logprob_kind", "none"),
-            "pid": os.getpid(),
-            "node_id": ray.get_runtime_context().get_node_id(),
-        }
-
-    def stats(self) -> dict[str, Any]:
-        """Busy time and process id, for the run's report."""
-        b = self._batcher
-        return {
-            "busy_s": b.busy_now(), "requests": b.requests, "batches": b.batches, "max_batch": b.max_batch,
-            "peak": b.peak, "pid": os.getpid(),
-        }
-
-    def close(self) -> None:
-        """Close the policy (an engine's processes, its memory) before the actor ends."""
-        self._batcher.close(close_policy=True)
-
-    async def generate(self, context: list[int], params: SamplingParams) -> Generation:
-        """One request; requests that arrive while the policy is busy are batched into one ``generate`` call."""
-        return await self._batcher.generate(context, params)
-
-
-# --------------------------------------------------------------------- driver
 @dataclass
 class RayBackend:
     """Run a rollout's episodes on Ray: env workers and policy engines as actors.
@@ -329,7 +196,7 @@ class RayBackend:
             ) from None
         except ray.exceptions.RayError as err:
             stop()
-            raise RuntimeError(f"one of {what} failed to start: {_short(_cause(err), 2000)}") from None
+            raise RuntimeError(f"one of {what} failed to start: {short_error(root_cause(err), 2000)}") from None
 
     # ------------------------------------------------------------------ run
     def run(
@@ -391,7 +258,7 @@ class RayBackend:
                 ray.cloudpickle.dumps(policy)
             except Exception as err:
                 raise TypeError(
-                    f"the policy {type(policy).__name__} cannot be sent to a Ray engine actor ({_short(err)}); "
+                    f"the policy {type(policy).__name__} cannot be sent to a Ray engine actor ({short_error(err)}); "
                     "pass a zero-argument factory that builds it, e.g. functools.partial(VLLMPolicy, MODEL, ...)"
                 ) from err
         elif not callable(policy):
@@ -613,7 +480,7 @@ class _Run:
         try:
             out = ray.get(ref)
         except ray.exceptions.RayTaskError as err:  # a bug in the worker, not a lost process
-            self._failed(EpisodeError.of(_cause(err), episode, None))
+            self._failed(EpisodeError.of(root_cause(err), episode, None))
             return
         except ray.exceptions.RayError as err:  # the worker (or its node) died
             self._lost(episode, worker, err)
@@ -643,7 +510,7 @@ class _Run:
         except self.ray.exceptions.RayError as err:
             b._alive.remove(worker)
             self.stats.errors.append(
-                EpisodeError(None, None, "WorkerStartFailed", f"a new env worker failed to start: {_short(_cause(err))}", failed=False)
+                EpisodeError(None, None, "WorkerStartFailed", f"a new env worker failed to start: {short_error(root_cause(err))}", failed=False)
             )
             self._replace()
             return
@@ -662,7 +529,7 @@ class _Run:
             b._alive.remove(worker)
             node = b._nodes[worker]
             where = f" on node {node[:8]}" if isinstance(node, str) else ""
-            stats.errors.append(EpisodeError(None, None, "WorkerDied", f"env worker {worker}{where} died: {_short(err)}", failed=False))
+            stats.errors.append(EpisodeError(None, None, "WorkerDied", f"env worker {worker}{where} died: {short_error(err)}", failed=False))
             self._replace()
         stats.lost.append(episode)
         self.attempts[episode] += 1

@@ -1,0 +1,150 @@
+"""The Ray backend's actors: an env worker plays whole episodes; a policy engine serves requests.
+
+Separate from the driver (:mod:`tokengym.recorder.drivers.ray_backend`) because each runs in
+its own actor process, where it only knows its slots or its policy: the worker plays episodes
+with the shared runner (:func:`~tokengym.recorder.drivers.runner.play`) and returns whole
+trajectories; the engine batches the requests that arrive while it is busy.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+
+from tokengym.policies import Generation, Policy, SamplingParams
+from tokengym.policies.batching import RequestBatcher
+
+from ..wrapper import RecordEpisodes
+from .episodes import EpisodeError, EpisodeSlot, EpisodeTask, PolicyFactory, build_policy, env_factory
+from .runner import EngineLost, play
+
+__all__ = ["EnvWorker", "PolicyEngine", "root_cause", "short_error"]
+
+
+def root_cause(err: BaseException) -> BaseException:
+    """The user-code exception inside a Ray task error."""
+    return getattr(err, "cause", None) or err
+
+
+def short_error(err: BaseException, limit: int = 300) -> str:
+    """One line for a log or a stats entry: the exception's type and message, cut at ``limit``."""
+    text = f"{type(err).__name__}: {err}".strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class EnvWorker:
+    """``slots`` env copies in one process; runs whole episodes, one per slot at a time.
+
+    Made a Ray actor by :class:`RayBackend` (threaded: ``max_concurrency=slots + 1``, so a
+    slow tool in one slot does not hold up the others, and control calls always get a thread).
+    """
+
+    def __init__(self, make_env: Callable[[], gym.Env] | str, env_kwargs: dict[str, Any] | None, slots: int) -> None:
+        from tokengym.envs import load_tokenizer
+        from tokengym.envs.registry import EnvRef
+
+        if isinstance(make_env, str):
+            # Resolved here as in the caller's process: module:id, declared envs (tokengym.envs.registry).
+            make_env, env_kwargs = EnvRef(make_env, (), dict(env_kwargs or {})), None
+        if isinstance(make_env, EnvRef) and isinstance(make_env.kwargs.get("tokenizer"), (str, os.PathLike)):
+            # Load a named tokenizer once for all of this worker's env copies (as the CLI does locally).
+            make_env = make_env.with_kwargs(tokenizer=load_tokenizer(make_env.kwargs["tokenizer"]))
+        factory = env_factory(make_env, env_kwargs)
+        self._envs = [RecordEpisodes(factory(), keep=False) for _ in range(slots)]
+        self._free: queue.SimpleQueue[RecordEpisodes] = queue.SimpleQueue()
+        for env in self._envs:
+            self._free.put(env)
+
+    def node_id(self) -> str:
+        """The Ray node this worker runs on (episodes per node are reported)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def run_episode(self, task: EpisodeTask, engine: Any, config: tuple[SamplingParams, int, dict[str, Any]]) -> dict[str, Any]:
+        """One whole episode against ``engine``: ``{"episode", "trajectories"}`` (its rows) or ``{"episode", "error"}``.
+
+        ``config`` is the run's ``(base sampling, seed, sampling record)``. The turn loop is the
+        local driver's (:func:`tokengym.recorder.drivers.runner.play`), on this thread's own event loop.
+        """
+        import asyncio
+
+        base, _, record = config
+        episode = task.episode
+        env = self._free.get()  # the driver never sends more episodes than slots
+        try:
+            env.sampling = record
+            generate = _engine_generate(engine)
+            try:
+                outcome = asyncio.run(play(EpisodeSlot(env), task, base, generate))
+            except EngineLost as err:
+                return {"episode": episode, "engine_died": str(err)}
+            if isinstance(outcome, EpisodeError):
+                return {"episode": episode, "error": outcome}
+            return {"episode": episode, "trajectories": outcome}
+        finally:
+            self._free.put(env)
+
+    def close(self) -> None:
+        """Close every env (and so its tools' and sandboxes' resources)."""
+        for env in self._envs:
+            env.close()
+
+
+def _engine_generate(engine: Any) -> Any:
+    """The runner's ``generate`` over a policy engine actor: a refusal fails the request, a dead actor is :class:`EngineLost`."""
+    import ray
+
+    async def generate(context: list[int], params: SamplingParams) -> Generation:
+        try:
+            return ray.get(engine.generate.remote(context, params))  # this thread's loop runs only this episode
+        except ray.exceptions.RayTaskError as err:  # the policy refused this request
+            raise root_cause(err) from None
+        except ray.exceptions.RayError as err:  # the engine actor is gone (Ray retries while it restarts)
+            raise EngineLost(short_error(err)) from None
+
+    return generate
+
+
+class PolicyEngine:
+    """One policy in an actor; requests that arrive while it is busy are batched together.
+
+    Made an async Ray actor by :class:`RayBackend`. The policy is built, and always called,
+    on one thread of its own (:class:`~tokengym.policies.batching.RequestBatcher`, as the local
+    driver does).
+    """
+
+    def __init__(self, policy: Policy | PolicyFactory, batch_wait_s: float = 0.0) -> None:
+        self._batcher = RequestBatcher(lambda: build_policy(policy), batch_wait_s=batch_wait_s)
+        self.policy = self._batcher.policy
+
+    def describe(self) -> dict[str, Any]:
+        """The engine's policy name, logprob kind and process id (a new pid means Ray restarted it)."""
+        import ray
+
+        return {
+            "name": getattr(self.policy, "name", type(self.policy).__name__),
+            "logprob_kind": getattr(self.policy, "logprob_kind", "none"),
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Busy time and process id, for the run's report."""
+        b = self._batcher
+        return {
+            "busy_s": b.busy_now(), "requests": b.requests, "batches": b.batches, "max_batch": b.max_batch,
+            "peak": b.peak, "pid": os.getpid(),
+        }
+
+    def close(self) -> None:
+        """Close the policy (an engine's processes, its memory) before the actor ends."""
+        self._batcher.close(close_policy=True)
+
+    async def generate(self, context: list[int], params: SamplingParams) -> Generation:
+        """One request; requests that arrive while the policy is busy are batched into one ``generate`` call."""
+        return await self._batcher.generate(context, params)

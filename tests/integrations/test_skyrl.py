@@ -47,7 +47,7 @@ def renderer(qwen25):
 
 
 def test_missing_skyrl_gym_says_how_to_install(monkeypatch):
-    from tokengym.recorder import skyrl as adapter
+    from tokengym.recorder.integrations import skyrl as adapter
 
     monkeypatch.setitem(sys.modules, "skyrl_gym", None)
     monkeypatch.setitem(sys.modules, "skyrl_gym.envs", None)

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import builtins
 import warnings
-from types import BuiltinMethodType
 from collections.abc import Callable, Sequence
+from types import BuiltinMethodType
 from typing import TYPE_CHECKING, Any
 
 from .render import TemplateError, _string_arguments
@@ -163,7 +163,9 @@ class WholeRenderer:
                 try:
                     fast = self._render(messages, tools, add_generation_prompt=generation_prompt)
                 except Exception as err:
-                    self.unavailable = f"the memoized sandbox raised on a probe conversation that renders: {err!r}"
+                    self.unavailable = self.unavailable or (
+                        f"the memoized sandbox raised on a probe conversation that renders: {err!r}"
+                    )
                     return
                 if fast != slow:
                     at = next((i for i, (a, b) in enumerate(zip(fast, slow)) if a != b), min(len(fast), len(slow)))
@@ -179,8 +181,11 @@ class WholeRenderer:
         if self.unavailable is None:
             try:
                 return self._render(messages, tools, add_generation_prompt=add_generation_prompt)
-            except Exception:
-                pass  # render_text raises the template's own error, or retries with string arguments
+            except Exception:  # render_text raises the template's own error, or retries with string arguments
+                if self.unavailable is not None:  # found out just now (a template compiled for other tools)
+                    warnings.warn(
+                        f"whole-conversation renders use apply_chat_template itself: {self.unavailable}", stacklevel=2
+                    )
         return self.renderer.render_text(messages, tools, add_generation_prompt=add_generation_prompt)
 
     def _template(self, source: str) -> Any:
@@ -188,6 +193,14 @@ class WholeRenderer:
         if template is None:
             assert self._helpers is not None
             reference = self._helpers[0](source)  # transformers' own compiled template, cached there
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            if type(reference.environment) is not ImmutableSandboxedEnvironment:  # its own rules: not ours to memoize
+                self.unavailable = (
+                    f"transformers renders templates in a {type(reference.environment).__name__}, whose safety "
+                    "rules may not depend on types alone"
+                )
+                raise TemplateError(self.unavailable)
             environment = reference.environment.overlay()
             environment.__class__ = _memo_sandbox_class(type(reference.environment))
             environment._decisions, environment._reads = {}, {}

@@ -107,7 +107,8 @@ def test_what_the_sandbox_refuses_stays_refused(qwen25, attack, refused_by_the_s
     base = "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     # Only a conversation that opens with "attack" runs it: the renderer's own probes render.
     attacking = "{% if messages[0].content == 'attack' %}" + attack + "{% endif %}"
-    r = ChatRenderer(qwen25, chat_template=base + attacking + "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    generation = "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    r = ChatRenderer(qwen25, chat_template=base + attacking + generation)
     messages = [{"role": "user", "content": "attack"}]
     whole = whole_renderer(r)
     outcome: list[str] = []
@@ -213,7 +214,8 @@ def test_the_check_decides_as_with_apply_chat_template_on_real_templates(name, s
 
     fast, slow = both_ways(make, 9, reasoning=fam.reasoning)
     assert fast == slow
-    assert [c.checked for c in fast] == ([True] * 9 if schedule == "every_turn" else [t in (0, 1, 3, 7, 8) for t in range(9)])
+    checked = range(9) if schedule == "every_turn" else (0, 1, 3, 7, 8)
+    assert [c.checked for c in fast] == [t in checked for t in range(9)]
     if name == "qwen3":  # reasoning dropped before the follow-up: named, as before
         assert any(c.status == "known" and "reasoning_dropped" in c.behaviours for c in fast)
     else:
@@ -280,7 +282,9 @@ def test_a_planted_difference_is_found_and_named_as_with_apply_chat_template(qwe
         fast, slow = play(envs[0], text_for), play(envs[1], text_for)
         assert whole_renderer(envs[0].renderer).unavailable is None
         assert fast == slow
-        found_on = next(t for t in range(shows_from, rounds) if schedule == "every_turn" or is_scheduled(t, schedule) or t == rounds - 1)
+        found_on = next(
+            t for t in range(shows_from, rounds) if schedule == "every_turn" or is_scheduled(t, schedule) or t == rounds - 1
+        )
         first = next(c for c in fast if c.status == "mismatch")
         assert (first.turn, first.affected_turns, first.segment) == (found_on, (turn,), segment), where
         assert f"(turn {turn}, {segment} segment)" in first.detail

@@ -13,7 +13,9 @@ sooner.
 
 The inputs go through the steps ``apply_chat_template`` applies (messages to plain dicts without
 ``None`` values, plain template data, the reasoning field aliases, the special tokens map and the
-renderer's template variables as template variables). That uses transformers' helper functions;
+renderer's template variables as template variables), one message at a time, and each message's
+converted form is kept with a copy of the message: the next check converts only the messages that
+are new or no longer equal to their copy. That uses transformers' helper functions;
 where this transformers version lacks them, or renders the probe conversation differently, or a
 render raises, the whole render goes through ``apply_chat_template`` itself (the
 :attr:`WholeRenderer.unavailable` reason says why for the first two), so the text, and any
@@ -23,6 +25,7 @@ error, is always the template's own.
 from __future__ import annotations
 
 import builtins
+import copy
 import warnings
 from collections.abc import Callable, Sequence
 from types import BuiltinMethodType
@@ -133,6 +136,7 @@ class WholeRenderer:
         self.unavailable: str | None = None
         """Why whole renders go through ``apply_chat_template`` itself (None: they do not)."""
         self._compiled: dict[str, Any] = {}
+        self._forms: list[tuple[Message, Message, bool, dict[str, Any]] | None] = []
         self._helpers: tuple[Callable[..., Any], ...] | None = None
         try:
             from transformers.utils import chat_template_utils as ctu
@@ -209,26 +213,61 @@ class WholeRenderer:
 
     def _render(self, messages: Sequence[Message], tools: Sequence[Any] | None, *, add_generation_prompt: bool) -> str:
         assert self._helpers is not None
-        _, normalize, plain, alias = self._helpers
+        plain = self._helpers[2]
         r = self.renderer
         tool_list = list(tools) if tools else None
         if tool_list is not None and not all(isinstance(t, dict) for t in tool_list):
             raise TypeError("tools given as functions: apply_chat_template converts them")
         source = r.tokenizer.get_chat_template(r.chat_template, tool_list)
-        msgs = _string_arguments(messages) if r.string_arguments else list(messages)
-        chat = plain(normalize(msgs))
-        if not all(isinstance(m, dict) for m in chat):
-            raise TypeError("a message is not a dict")
+        chat = self._template_messages(messages)
         variables = plain({**r.tokenizer.special_tokens_map, **r.template_kwargs})
         return str(
             self._template(source).render(
-                messages=alias(chat),
+                messages=chat,
                 tools=plain(tool_list),
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **variables,
             )
         )
+
+
+    def _template_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
+        """The messages as the template sees them (``apply_chat_template``'s steps, one message at a
+        time), each remembered with a copy of the message it came from: a check renders the same
+        history again and again, and only new or changed messages are converted."""
+        assert self._helpers is not None
+        _, normalize, plain, alias = self._helpers
+        strings = self.renderer.string_arguments
+        out: list[dict[str, Any]] = []
+        for i, message in enumerate(messages):
+            known = self._forms[i] if i < len(self._forms) else None
+            if known is not None and known[0] is message and known[2] == strings and _unchanged(known[1], message):
+                out.append(known[3])
+                continue
+            source = _string_arguments([message])[0] if strings else message
+            form = alias(plain(normalize([source])))[0]
+            if not isinstance(form, dict):
+                raise TypeError("a message is not a dict")
+            try:
+                entry = (message, copy.deepcopy(message), strings, form)
+            except Exception:  # not copyable: converted again next time
+                entry = None
+            if i < len(self._forms):
+                self._forms[i] = entry
+            else:
+                self._forms.append(entry)
+            out.append(form)
+        return out
+
+
+def _unchanged(copied: Any, message: Any) -> bool:
+    """Whether ``message`` still equals the copy made when it was converted (its strings are the
+    copy's own objects, so this is mostly identity tests)."""
+    try:
+        return bool(copied == message)
+    except Exception:
+        return False
 
 
 def whole_renderer(renderer: ChatRenderer) -> WholeRenderer:

@@ -125,6 +125,28 @@ def test_what_the_sandbox_refuses_stays_refused(qwen25, attack, refused_by_the_s
         assert outcome[0] == "raised TemplateError" and outcome[2] == "raised SecurityError"
 
 
+def test_a_message_changed_in_place_is_converted_again(qwen25, monkeypatch):
+    """Converted messages are remembered between renders; one changed in place, nested values
+    included, renders as it is now."""
+    r = ChatRenderer(qwen25)
+    whole = whole_renderer(r)
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [tool_call(1, "Paris")]},
+        {"role": "tool", "tool_call_id": "call00001", "content": "sunny"},
+    ]
+    first = whole.render(messages, TOOLS, add_generation_prompt=True)
+    assert whole.render(messages, TOOLS, add_generation_prompt=True) == first
+    messages[1]["tool_calls"][0]["function"]["arguments"]["city"] = "Rome"
+    messages[2]["content"] = "rain"
+    spy = Spy(r, monkeypatch)
+    again = whole.render(messages, TOOLS, add_generation_prompt=True)
+    assert spy.calls == 0 and again != first and "Rome" in again and "rain" in again
+    assert again == r.render_text(messages, TOOLS, add_generation_prompt=True)
+    shorter = whole.render(messages[:2], TOOLS, add_generation_prompt=False)  # another conversation, same renderer
+    assert shorter == r.render_text(messages[:2], TOOLS, add_generation_prompt=False)
+
+
 def test_a_probe_that_renders_differently_turns_the_fast_path_off_with_a_warning(qwen25, monkeypatch):
     r = ChatRenderer(qwen25)
     real = r.render_text

@@ -15,8 +15,9 @@ The inputs go through the steps ``apply_chat_template`` applies (messages to pla
 ``None`` values, plain template data, the reasoning field aliases, the special tokens map and the
 renderer's template variables as template variables), one message at a time, and each message's
 converted form is kept with a copy of the message: the next check converts only the messages that
-are new or no longer equal to their copy. That uses transformers' helper functions;
-where this transformers version lacks them, or renders the probe conversation differently, or a
+are new or no longer equal to their copy. That uses transformers' helper functions (a step an
+older version does not take is skipped, as that version skips it); where this transformers
+version lacks the template compiler, or renders the probe conversation differently, or a
 render raises, the whole render goes through ``apply_chat_template`` itself (the
 :attr:`WholeRenderer.unavailable` reason says why for the first two), so the text, and any
 error, is always the template's own.
@@ -141,11 +142,14 @@ class WholeRenderer:
         try:
             from transformers.utils import chat_template_utils as ctu
 
+            # The input steps came in one by one (transformers 5.5 renders the messages as given);
+            # a step this version does not have is one it does not take. The probe below checks
+            # the result against apply_chat_template either way.
             self._helpers = (
                 ctu._compile_jinja_template,
-                ctu._normalize_chat_messages,
-                ctu._plain_template_data,
-                ctu._alias_reasoning_fields,
+                getattr(ctu, "_normalize_chat_messages", _as_list),
+                getattr(ctu, "_plain_template_data", _as_is),
+                getattr(ctu, "_alias_reasoning_fields", _as_is),
             )
         except (ImportError, AttributeError) as err:
             self.unavailable = f"this transformers version lacks a chat-template helper ({err})"
@@ -259,6 +263,14 @@ class WholeRenderer:
                 self._forms.append(entry)
             out.append(form)
         return out
+
+
+def _as_list(messages: Any) -> list[Any]:
+    return list(messages)
+
+
+def _as_is(value: Any) -> Any:
+    return value
 
 
 def _unchanged(copied: Any, message: Any) -> bool:

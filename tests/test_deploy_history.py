@@ -109,8 +109,12 @@ def test_the_law_holds_on_every_row_with_a_real_model(qwen3, tmp_path):
     recomputed, recorded = recompute_logprobs(model, to_verl(rows))
     assert recomputed.numel() == sum(int(t.mask.sum()) for t in rows)
     assert torch.max(torch.abs(recomputed - recorded)).item() < 1e-4
+    # The store holds the rows in the order episodes finished (each episode's rows together, in order);
+    # the result sorts them by episode.
     stored = list(read_trajectories(tmp_path / "s"))
-    assert [t.to_dict() for t in stored] == [t.to_dict() for t in rows]
+    assert [t.metadata["sequence"] for t in stored] == [0, 1, 2] * 3
+    by_row = lambda t: (t.metadata["episode"], t.metadata["sequence"])  # noqa: E731
+    assert [t.to_dict() for t in sorted(stored, key=by_row)] == [t.to_dict() for t in rows]
     returns = [sum(t.reward for t in rows if t.metadata["episode"] == e) for e in range(3)]
     assert np.isclose(r.stats.mean_reward, np.mean(returns))  # an episode counts once, its rows' rewards summed
 

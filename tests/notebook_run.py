@@ -99,7 +99,13 @@ def execute(path: Path, workdir: Path, kernel_dir: Path, *, timeout: int = CELL_
         record_timing=False,
         resources={"metadata": {"path": str(workdir)}},  # the kernel's working directory
     )
-    client.execute()
+    try:
+        client.execute()
+    finally:
+        # nbclient shuts down only a kernel it made itself: this one is ours to stop (a learn
+        # notebook's kernel holds gigabytes and would live until the test process ends).
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
     return nb
 
 

@@ -105,3 +105,17 @@ def test_notebook_runs(path: Path, kernel_dir: Path, tmp_path: Path, monkeypatch
     assert path.read_bytes() == before  # run on a copy: the stored notebook is untouched
     # What a fresh run shows is what may be stored: nothing of this machine (the temp folder included).
     assert machine_leaks(nb, words=[str(tmp_path)]) == []
+
+
+def test_the_kernel_is_stopped_after_a_run(kernel_dir: Path, tmp_path: Path):
+    # A kernel left running holds its memory (gigabytes for learn.ipynb) until the test process ends.
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import os\nprint(os.getpid())")]
+    nbformat.write(nb, tmp_path / "pid.ipynb")
+    out = execute(tmp_path / "pid.ipynb", tmp_path, kernel_dir)
+    pid = int(out.cells[0].outputs[0]["text"].strip())
+    status = Path(f"/proc/{pid}/status")
+    alive = status.exists() and "zombie" not in status.read_text()
+    assert not alive, f"the notebook's kernel (pid {pid}) still runs after execute()"

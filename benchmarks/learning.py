@@ -23,8 +23,10 @@ reward 1 for a valid call + 1 for the right answer; turns of up to 48 tokens). T
 schema is left out of the prompt (``schema_in_prompt=False``: the examples show the call),
 which halves the prompt to about 255 tokens; the run still costs several times an
 ``addition`` iteration (two turns of longer prompts, generated and trained on), so on a
-shared 2-core machine run fewer, e.g. ``--iterations 12 --tasks-per-iteration 2
---eval-every 6 --eval-episodes 16 --lr 2e-5``. Its lines add the call rate (``called``), the
+shared 2-core machine run fewer, e.g. ``--iterations 20 --tasks-per-iteration 2
+--eval-every 10 --eval-episodes 32 --eval-temperature 1 --lr 2e-5`` (greedy, SmolLM2
+already answers all 16 held-out questions of seed 0 right before training: the sampled
+policy's success rate is what training can move). Its lines add the call rate (``called``), the
 share of episodes with a valid call (``valid``; valid / called is the validity rate), a call
 that returned the sum (``right call``) and the right answer.
 
@@ -66,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks-per-iteration", type=int, default=defaults.tasks_per_iteration)
     parser.add_argument("--eval-every", type=int, default=defaults.eval_every)
     parser.add_argument("--eval-episodes", type=int, default=defaults.eval_episodes)
+    parser.add_argument(
+        "--eval-temperature", type=float, default=defaults.eval_sampling.temperature,
+        help="0: greedy held-out answers; 1.0: the sampled policy's held-out success rate (when greedy is at its ceiling)",
+    )
     parser.add_argument("--json", help="also write the per-iteration logs here")
     args = parser.parse_args(argv)
     tools = args.env == "tool-addition"
@@ -74,9 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     model, tokenizer = load_smollm2(progress=False)
     loaded = time.perf_counter()
-    turn_tokens = {} if not tools else {
-        "sampling": SamplingParams(max_tokens=TOOL_TURN_TOKENS),
-        "eval_sampling": SamplingParams(max_tokens=TOOL_TURN_TOKENS, temperature=0.0),
+    turn_tokens = {
+        "sampling": SamplingParams(max_tokens=TOOL_TURN_TOKENS if tools else defaults.sampling.max_tokens),
+        "eval_sampling": SamplingParams(
+            max_tokens=TOOL_TURN_TOKENS if tools else defaults.eval_sampling.max_tokens, temperature=args.eval_temperature
+        ),
     }
     config = GRPOConfig(
         iterations=args.iterations, lr=args.lr, kl_coef=args.kl_coef, seed=args.seed,

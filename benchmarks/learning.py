@@ -23,10 +23,11 @@ reward 1 for a valid call + 1 for the right answer; turns of up to 48 tokens). T
 schema is left out of the prompt (``schema_in_prompt=False``: the examples show the call),
 which halves the prompt to about 255 tokens; the run still costs several times an
 ``addition`` iteration (two turns of longer prompts, generated and trained on), so on a
-shared 2-core machine run fewer, e.g. ``--iterations 20 --tasks-per-iteration 2
---eval-every 10 --eval-episodes 32 --eval-temperature 1 --lr 2e-5`` (greedy, SmolLM2
+shared 2-core machine run fewer, e.g. ``--iterations 10 --tasks-per-iteration 1
+--eval-every 10 --eval-episodes 16 --eval-temperature 1 --lr 2e-5`` (greedy, SmolLM2
 already answers all 16 held-out questions of seed 0 right before training: the sampled
-policy's success rate is what training can move). Its lines add the call rate (``called``), the
+policy's success rate is what training can move). Memory: the backward pass over 2 questions
+x 4 samples of two ~300-token turns reached 12 GB of RSS; one question per iteration halves it. Its lines add the call rate (``called``), the
 share of episodes with a valid call (``valid``; valid / called is the validity rate), a call
 that returned the sum (``right call``) and the right answer.
 

@@ -9,7 +9,7 @@ found by :func:`make_env` (``module:id``, modules to import, the ``tokengym.envs
 import sys
 from typing import Any
 
-from .builtin import AdditionEnv, CalculatorEnv, KeyValueEnv, PythonSandboxEnv, ShellEnv
+from .builtin import AdditionEnv, CalculatorEnv, KeyValueEnv, PythonSandboxEnv, ShellEnv, ToolAdditionEnv
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt, token_space
 from .conformance import Conformance, ConformanceError, ConformanceSchedule, KnownBehaviour
 from .parsers import (
@@ -94,6 +94,7 @@ __all__ = [
     "ShellEnv",
     "TemplateError",
     "Tool",
+    "ToolAdditionEnv",
     "ToolCall",
     "ToolCallParser",
     "ToolEnv",

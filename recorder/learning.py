@@ -14,6 +14,11 @@ Every iteration logs the largest ``|recomputed - rollout|`` logprob before its u
 rollout is on-policy, so it must stay at float noise; a large value means the trainer is not
 scoring the tokens the policy sampled, in the context it sampled them in.
 
+Multi-turn episodes (``tokengym/ToolAddition-v0``: a tool call, its result, the answer) train
+the same way: a row of the batch is the whole stream, the loss covers the policy's tokens of
+every turn (``response_mask``), the env's tokens between them are context only, and the
+logprob check covers every turn, each scored in the context that held the earlier turns' results.
+
 torch is imported inside the functions: importing the recorder stays light.
 """
 
@@ -112,6 +117,8 @@ class IterationLog:
     """Max ``|recomputed - rollout|`` logprob over the policy tokens, before the update."""
     generate_s: float
     train_s: float
+    turns: float = 1.0
+    """Mean assistant turns per episode (all of them trained on: ``response_mask`` covers every turn's tokens)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,8 @@ class TrainingRun:
         k = min(window, len(self.iterations))
         names = ["reward", *self.iterations[0].metrics]
         lines = [f"{len(self.iterations)} iterations; mean of the first {k} -> last {k}:"]
+        if self.series("turns").max() > 1:
+            names.append("turns")
         for name in names:
             s = self.series(name)
             lines.append(f"  {name:<12} {s[:k].mean():.3f} -> {s[-k:].mean():.3f}")
@@ -268,7 +277,7 @@ def train_grpo(
         log = IterationLog(
             it, *_means(trajs, metrics), len(groups.with_signal), len(groups.groups), updated,
             float(parts.loss.detach()), parts.kl, parts.clip_fraction, diff,
-            generated - start, time.perf_counter() - generated,
+            generated - start, time.perf_counter() - generated, float(np.mean([t.num_turns for t in trajs])),
         )
         run.iterations.append(log)
         if on_iteration is not None:

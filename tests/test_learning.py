@@ -172,3 +172,15 @@ def test_grade_metrics_names_the_fix_for_an_env_without_a_grade(tiny, qwen3):
                    sampling=SamplingParams(max_tokens=2), progress=False).trajectories[0]
     with pytest.raises(KeyError, match=r"info\['grade'\]"):
         grade_metrics(traj)
+
+
+def test_multi_turn_episodes_train_on_every_turn_and_stay_on_policy(tiny, qwen3):
+    """Two assistant turns with a tool result between them (a replayed tool conversation): every
+    turn's tokens are scored in their own context, the logprobs match the sampled ones across turns."""
+    from tokengym.envs import ReplayEnv
+
+    run = train_grpo(tiny, qwen3, lambda: FirstTokenParity(ReplayEnv(qwen3, max_turns=2)), small())
+    assert [it.turns for it in run.iterations] == [2.0, 2.0]
+    assert all(it.updated for it in run.iterations)
+    assert max(it.logprob_diff for it in run.iterations) < 1e-4
+    assert "turns" in run.summary()

@@ -341,12 +341,17 @@ def word_problem(seed: int, difficulty: int = 1) -> dict[str, Any]:
     }
 
 
-def few_shot_messages(count: int, make_call_id: Callable[[int, int], str]) -> list[dict[str, Any]]:
-    """The first ``count`` worked examples as chat messages (``make_call_id(turn, index)`` names their calls)."""
-    if not 0 <= count <= len(FEW_SHOT_EXAMPLES):
-        raise ValueError(f"few_shot must be between 0 and {len(FEW_SHOT_EXAMPLES)}, got {count!r}")
+def few_shot_messages(
+    count: int,
+    make_call_id: Callable[[int, int], str],
+    examples: tuple[tuple[str, str, int], ...] = FEW_SHOT_EXAMPLES,
+) -> list[dict[str, Any]]:
+    """The first ``count`` worked ``examples`` (question, expression, answer) as chat messages
+    (``make_call_id(turn, index)`` names their calls)."""
+    if not 0 <= count <= len(examples):
+        raise ValueError(f"few_shot must be between 0 and {len(examples)}, got {count!r}")
     messages: list[dict[str, Any]] = []
-    for k, (question, expression, answer) in enumerate(FEW_SHOT_EXAMPLES[:count]):
+    for k, (question, expression, answer) in enumerate(examples[:count]):
         call_id = make_call_id(_EXAMPLE_TURN + k, 0)
         call = {"id": call_id, "type": "function", "function": {"name": "calculate", "arguments": {"expression": expression}}}
         messages += [

@@ -99,7 +99,9 @@ def test_the_store_and_the_cli_keep_groups(qwen25, tmp_path, capsys):
     policy = ScriptedPolicy(lambda ctx: "4", qwen25, end_ids=[151645])
     with TrajectoryWriter(tmp_path / "s", tokenizer=qwen25) as w:
         rollout(lambda: CalculatorEnv(qwen25), policy, episodes=4, group_size=2, on_episode=w.write, progress=False)
-    assert [t.metadata["group"] for t in read_trajectories(tmp_path / "s")] == [0, 0, 1, 1]
+    # The store keeps the order episodes finished in: read by episode, the groups are in order.
+    by_episode = lambda trajs: sorted(trajs, key=lambda t: t.metadata["episode"])  # noqa: E731
+    assert [t.metadata["group"] for t in by_episode(read_trajectories(tmp_path / "s"))] == [0, 0, 1, 1]
 
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"problem_seed": 1}\n\n{"problem_seed": 2}\n')
@@ -107,7 +109,7 @@ def test_the_store_and_the_cli_keep_groups(qwen25, tmp_path, capsys):
     argv = ["rollout", "tokengym/Calculator-v0", "--policy", "scripted", "--reply", "4", "--tokenizer", "qwen2.5",
             "--tasks", str(tasks), "--group-size", "3", "--out", str(out), "--quiet"]
     assert main(argv) == 0
-    stored = list(read_trajectories(out))
+    stored = by_episode(read_trajectories(out))
     assert [t.metadata["group"] for t in stored] == [0, 0, 0, 1, 1, 1]
     assert "groups with signal" in capsys.readouterr().out
     # The same command again: everything is stored; with other groups it is refused.

@@ -229,3 +229,18 @@ def test_ray_workers_find_a_declared_env_the_same_way(tmp_path):
     assert "2 done, 0 failed" in proc.stdout
     trajs = list(read_trajectories(out))
     assert [t.env_id for t in trajs] == ["mylab/Todo-v0"] * 2 and [t.reward for t in trajs] == [1.0, 1.0]
+
+
+def test_the_tokengym_script_finds_a_module_in_the_current_folder(tmp_path):
+    """A first env is a file beside the terminal: the script (unlike ``python -m``) does not put the
+    current folder on the path by itself, so it adds it (last); elsewhere the error names the fix."""
+    root = write_package(tmp_path / "here", DECLARED)
+    script = Path(sys.executable).parent / "tokengym"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    found = subprocess.run([str(script), "envs", "--import", "mylab"], cwd=root, capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert any(line.split()[:1] == ["Todo-v0"] for line in found.stdout.splitlines())
+    elsewhere = subprocess.run([str(script), "envs", "--import", "mylab"], cwd=tmp_path, capture_output=True,
+                               text=True, env=env, timeout=300)
+    assert elsewhere.returncode == 2 and "add its folder to PYTHONPATH" in elsewhere.stderr

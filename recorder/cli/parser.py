@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -88,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--import", dest="imports", action="append", default=[], metavar="MODULE",
-        help="import MODULE first (it registers the env); repeatable",
+        help="import MODULE first (it registers the env; the current folder is searched too); repeatable",
     )
     r.add_argument(
         "--env-kwarg", action="append", default=[], metavar="KEY=JSON",
@@ -157,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--import", dest="imports", action="append", default=[], metavar="MODULE",
-        help="import MODULE first (it registers envs); repeatable",
+        help="import MODULE first (it registers envs; the current folder is searched too); repeatable",
     )
     e.set_defaults(func=cmd_envs)
 
@@ -191,8 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def find_modules_here() -> None:
+    """Let ``MODULE:ENV_ID`` and ``--import MODULE`` find a module in the current folder, as
+    ``python -m`` does: the ``tokengym`` script, unlike ``python``, does not put it on the path, and
+    one's first env is a file next to the terminal. Appended, so it never shadows an installed module."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    find_modules_here()
     try:
         return int(args.func(args))
     except (ValueError, OSError, KeyError) as err:

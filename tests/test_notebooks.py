@@ -70,9 +70,9 @@ def test_the_scan_finds_machine_paths_and_names():
 
     leaky = [
         "wrote /home/alice/runs/x",
-        "store /tmp/pytest-of-root/pytest-3/store (2 shards)",
-        "/work/repo/.venv/lib/python3.11/site-packages/tqdm/auto.py:21: TqdmWarning",
-        "File '/root/.cache/tokengym/qwen3'",
+        "store /tmp/pytest-of-dana/pytest-3/store (2 shards)",
+        "/srv/repo/.venv/lib/python3.11/site-packages/tqdm/auto.py:21: TqdmWarning",
+        "File '/opt/cache/tokengym/qwen3'",
         "C:\\Users\\bob\\runs",
         "/Users/carol/Library",
     ]

@@ -56,7 +56,6 @@ Run (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import platform

@@ -31,7 +31,6 @@ decisions remembered, so a check costs about a third of what it did through
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum

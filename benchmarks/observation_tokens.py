@@ -11,9 +11,9 @@ renders only the new messages inside a small fixed conversation, so its per-turn
 should be *flat in the number of turns*. What a user gets is ``env.step()``, which also
 checks the stream against the template's render of the whole conversation: by default on
 turns 0, 1, 3, 7, ... and the last (``conformance_schedule="doubling"``), so that its cost
-per step stays flat too, and through a sandbox that remembers its per-type safety decisions
-(``tokengym.envs.whole_render``), so that those renders cost about a third of what
-``apply_chat_template`` takes for them. Goals at 128 turns: ``step(default)`` last-quarter / first-quarter
+per step stays flat too. Every render (the observation's small conversation and the check's whole
+one) goes through a sandbox that remembers its per-type safety decisions
+(``tokengym.envs.whole_render``), at about a third of what ``apply_chat_template`` takes for it. Goals at 128 turns: ``step(default)`` last-quarter / first-quarter
 <= 1.2, and ``step(default)`` at least 40x faster than messages-in (mean per turn).
 
 What is measured (side by side, on the same synthetic transcripts, in one run)

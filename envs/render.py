@@ -346,23 +346,47 @@ class ChatRenderer:
 
     # -------------------------------------------------------------- rendering
     def render_text(
-        self, messages: Sequence[Message], tools: Sequence[Any] | None = None, *, add_generation_prompt: bool
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Any] | None = None,
+        *,
+        add_generation_prompt: bool,
+        reference: bool = False,
     ) -> str:
-        """The template's text for a conversation (no tokenizing)."""
+        """The template's text for a conversation (no tokenizing): ``apply_chat_template``'s text.
+
+        It is rendered through :mod:`~tokengym.envs.whole_render`'s memoized sandbox where that
+        renders the probe conversations identically (about three times sooner), else through
+        ``apply_chat_template`` itself; a render that fails there is repeated through
+        ``apply_chat_template``, so an error is always the template's own. ``reference=True``
+        renders through ``apply_chat_template`` alone (what the fast path is checked against).
+        """
+        apply = self._apply if reference else self._apply_fast
         msgs = _string_arguments(messages) if self.string_arguments else list(messages)
         try:
-            text = self._apply(msgs, tools, add_generation_prompt)
+            text = apply(msgs, tools, add_generation_prompt)
         except Exception as err:  # jinja raises many types; the template's own message is what helps
             if self.string_arguments or not _has_object_arguments(msgs):
                 raise TemplateError(f"the chat template failed to render: {err}") from err
             try:
-                text = self._apply(_string_arguments(msgs), tools, add_generation_prompt)
+                text = apply(_string_arguments(msgs), tools, add_generation_prompt)
             except Exception:
                 raise TemplateError(f"the chat template failed to render: {err}") from err
             self.string_arguments = True
         if not isinstance(text, str):
             raise TemplateError(f"apply_chat_template returned {type(text).__name__}, expected text")
         return text
+
+    def _apply_fast(self, messages: list[Message], tools: Sequence[Any] | None, add_generation_prompt: bool) -> Any:
+        from .whole_render import whole_renderer  # it builds on this module
+
+        fast = whole_renderer(self)
+        if fast.unavailable is None:
+            try:
+                return fast.render_once(messages, tools, add_generation_prompt=add_generation_prompt)
+            except Exception:  # apply_chat_template raises the template's own error (or renders)
+                pass
+        return self._apply(messages, tools, add_generation_prompt)
 
     def _apply(self, messages: list[Message], tools: Sequence[Any] | None, add_generation_prompt: bool) -> Any:
         return self.tokenizer.apply_chat_template(

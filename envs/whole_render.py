@@ -1,7 +1,8 @@
-"""The chat template's text for a whole conversation, as ``apply_chat_template`` renders it, faster.
+"""The chat template's text for a conversation, as ``apply_chat_template`` renders it, faster.
 
-The conformance check renders the whole conversation on its scheduled turns, and most of that
-render's time is not the template's own work: Jinja's sandbox decides, on every attribute read
+Every render of a :class:`~tokengym.envs.render.ChatRenderer` goes through here (each turn's
+observation, prompts, and the conformance check's whole conversation on its scheduled turns), and
+most of a render's time is not the template's own work: Jinja's sandbox decides, on every attribute read
 (``message.role``, ``content.startswith``), whether the read is safe, through a dozen
 ``isinstance`` checks against abstract base classes, and reads a dict key by first failing an
 attribute lookup. Those decisions depend only on the type of the object and the attribute's
@@ -11,7 +12,9 @@ decision per type. Every read still goes through the sandbox's rules, and a read
 sandbox refuses still ends in the sandbox's own refusal: the text is the same, about three times
 sooner.
 
-The inputs go through the steps ``apply_chat_template`` applies (messages to plain dicts without
+A one-off render (:meth:`WholeRenderer.render_once`, the renderer's ``render_text``) converts
+its messages and keeps nothing. For the check's whole conversation, the inputs go through the
+steps ``apply_chat_template`` applies (messages to plain dicts without
 ``None`` values, plain template data, the reasoning field aliases, the special tokens map and the
 renderer's template variables as template variables), one message at a time, and each message's
 converted form is kept with a copy of the message: the next check converts only the messages that
@@ -165,7 +168,9 @@ class WholeRenderer:
         for messages, tools in ((_PROBE_MESSAGES, _PROBE_TOOLS), (_PROBE_MESSAGES[1:2] + _PROBE_MESSAGES[4:], None)):
             for generation_prompt in (True, False):
                 try:
-                    slow = self.renderer.render_text(messages, tools, add_generation_prompt=generation_prompt)
+                    slow = self.renderer.render_text(
+                        messages, tools, add_generation_prompt=generation_prompt, reference=True
+                    )
                 except TemplateError:
                     continue  # the template refuses this conversation: no verdict either way
                 try:
@@ -194,7 +199,23 @@ class WholeRenderer:
                     warnings.warn(
                         f"whole-conversation renders use apply_chat_template itself: {self.unavailable}", stacklevel=2
                     )
-        return self.renderer.render_text(messages, tools, add_generation_prompt=add_generation_prompt)
+        return self.renderer.render_text(messages, tools, add_generation_prompt=add_generation_prompt, reference=True)
+
+    def render_once(
+        self, messages: Sequence[Message], tools: Sequence[Any] | None, *, add_generation_prompt: bool
+    ) -> str:
+        """The template's text for a conversation rendered once (nothing of its messages is kept);
+        raises whatever the render raises (the caller repeats it through ``apply_chat_template``)."""
+        if self.unavailable is not None:
+            raise TemplateError(self.unavailable)
+        try:
+            return self._render(messages, tools, add_generation_prompt=add_generation_prompt, keep=False)
+        except Exception:
+            if self.unavailable is not None:  # found out just now (a template compiled for other tools)
+                warnings.warn(
+                    f"whole-conversation renders use apply_chat_template itself: {self.unavailable}", stacklevel=3
+                )
+            raise
 
     def _template(self, source: str) -> Any:
         template = self._compiled.get(source)
@@ -215,7 +236,9 @@ class WholeRenderer:
             template = self._compiled[source] = environment.from_string(source)
         return template
 
-    def _render(self, messages: Sequence[Message], tools: Sequence[Any] | None, *, add_generation_prompt: bool) -> str:
+    def _render(
+        self, messages: Sequence[Message], tools: Sequence[Any] | None, *, add_generation_prompt: bool, keep: bool = True
+    ) -> str:
         assert self._helpers is not None
         plain = self._helpers[2]
         r = self.renderer
@@ -223,7 +246,7 @@ class WholeRenderer:
         if tool_list is not None and not all(isinstance(t, dict) for t in tool_list):
             raise TypeError("tools given as functions: apply_chat_template converts them")
         source = r.tokenizer.get_chat_template(r.chat_template, tool_list)
-        chat = self._template_messages(messages)
+        chat = self._template_messages(messages, keep=keep)
         variables = plain({**r.tokenizer.special_tokens_map, **r.template_kwargs})
         return str(
             self._template(source).render(
@@ -236,15 +259,21 @@ class WholeRenderer:
         )
 
 
-    def _template_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
+    def _template_messages(self, messages: Sequence[Message], *, keep: bool = True) -> list[dict[str, Any]]:
         """The messages as the template sees them (``apply_chat_template``'s steps, one message at a
-        time), each remembered with a copy of the message it came from: a check renders the same
-        history again and again, and only new or changed messages are converted."""
+        time), each remembered with a copy of the message it came from (``keep``): a check renders
+        the same history again and again, and only new or changed messages are converted."""
         assert self._helpers is not None
         _, normalize, plain, alias = self._helpers
         strings = self.renderer.string_arguments
         out: list[dict[str, Any]] = []
         for i, message in enumerate(messages):
+            if not keep:  # render_once: the renderer has made the arguments strings where it must
+                form = alias(plain(normalize([message])))[0]
+                if not isinstance(form, dict):
+                    raise TypeError("a message is not a dict")
+                out.append(form)
+                continue
             known = self._forms[i] if i < len(self._forms) else None
             if known is not None and known[0] is message and known[2] == strings and _unchanged(known[1], message):
                 out.append(known[3])

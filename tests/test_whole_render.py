@@ -4,6 +4,7 @@ never decides a check differently. On real tokenizers and templates."""
 
 from __future__ import annotations
 
+import functools
 import numpy as np
 import pytest
 from families import FAMILIES, REAL_FAMILIES, TOOLS, Family, conversations, tokenizer_for
@@ -25,17 +26,17 @@ def family_renderer(fam: Family) -> ChatRenderer:
 
 
 class Spy:
-    """Counts the renderer's own ``render_text`` calls (the path through ``apply_chat_template``)."""
+    """Counts the renderer's renders through ``apply_chat_template``."""
 
     def __init__(self, renderer: ChatRenderer, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        real = renderer.render_text
+        real = renderer._apply
 
         def counted(*args, **kwargs):
             self.calls += 1
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(renderer, "render_text", counted)
+        monkeypatch.setattr(renderer, "_apply", counted)
 
 
 @pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.name)
@@ -50,14 +51,18 @@ def test_every_family_renders_as_apply_chat_template_does(fam, monkeypatch):
             messages = conv.messages[:cut]
             for generation_prompt in (True, False):
                 try:
-                    expected = r.render_text(messages, conv.tools, add_generation_prompt=generation_prompt)
+                    expected = r.render_text(messages, conv.tools, add_generation_prompt=generation_prompt, reference=True)
                 except TemplateError as err:  # the template refuses this conversation: so does the check
                     with pytest.raises(TemplateError) as again:
                         whole.render(messages, conv.tools, add_generation_prompt=generation_prompt)
                     assert str(again.value) == str(err)
+                    with pytest.raises(TemplateError) as again:  # and every other render
+                        r.render_text(messages, conv.tools, add_generation_prompt=generation_prompt)
+                    assert str(again.value) == str(err)
                     continue
                 before = spy.calls
                 assert whole.render(messages, conv.tools, add_generation_prompt=generation_prompt) == expected
+                assert r.render_text(messages, conv.tools, add_generation_prompt=generation_prompt) == expected
                 assert spy.calls == before, "the whole render fell back to apply_chat_template"
                 rendered += 1
     assert rendered >= 5
@@ -89,7 +94,8 @@ def test_sandbox_constructs_render_the_same(qwen25, monkeypatch):
     ]
     text = whole.render(messages, None, add_generation_prompt=True)
     assert spy.calls == 0
-    assert text == r.render_text(messages, None, add_generation_prompt=True)
+    assert text == r.render_text(messages, None, add_generation_prompt=True, reference=True)
+    assert text == r.render_text(messages, None, add_generation_prompt=True) and spy.calls == 1
     assert "0-3 first False True" in text and "2-3 assistant" in text
 
 
@@ -112,14 +118,15 @@ def test_what_the_sandbox_refuses_stays_refused(qwen25, attack, refused_by_the_s
     messages = [{"role": "user", "content": "attack"}]
     whole = whole_renderer(r)
     outcome: list[str] = []
-    for render in (r.render_text, whole.render, whole._render):  # _render: the memoized sandbox alone
+    reference = functools.partial(r.render_text, reference=True)
+    for render in (reference, whole.render, whole._render, r.render_text):  # _render: the memoized sandbox alone
         try:
             outcome.append(render(messages, None, add_generation_prompt=True))
         except (TemplateError, SecurityError) as err:
             outcome.append(f"raised {type(err).__name__}")
         except Exception as err:  # the template's raise_exception, as jinja raises it
             outcome.append(f"raised {type(err).__name__}")
-    assert outcome[0] == outcome[1]
+    assert outcome[0] == outcome[1] == outcome[3]
     assert not any(leak in text for text in outcome for leak in ("<class", "<function", "<built-in", "<module"))
     if refused_by_the_sandbox:
         assert outcome[0] == "raised TemplateError" and outcome[2] == "raised SecurityError"
@@ -142,20 +149,22 @@ def test_a_message_changed_in_place_is_converted_again(qwen25, monkeypatch):
     spy = Spy(r, monkeypatch)
     again = whole.render(messages, TOOLS, add_generation_prompt=True)
     assert spy.calls == 0 and again != first and "Rome" in again and "rain" in again
-    assert again == r.render_text(messages, TOOLS, add_generation_prompt=True)
+    assert again == r.render_text(messages, TOOLS, add_generation_prompt=True, reference=True)
     shorter = whole.render(messages[:2], TOOLS, add_generation_prompt=False)  # another conversation, same renderer
-    assert shorter == r.render_text(messages[:2], TOOLS, add_generation_prompt=False)
+    assert shorter == r.render_text(messages[:2], TOOLS, add_generation_prompt=False, reference=True)
 
 
 def test_a_probe_that_renders_differently_turns_the_fast_path_off_with_a_warning(qwen25, monkeypatch):
     r = ChatRenderer(qwen25)
-    real = r.render_text
-    monkeypatch.setattr(r, "render_text", lambda *a, **k: real(*a, **k) + "drift")
+    real = r._apply
+    monkeypatch.setattr(r, "_apply", lambda *a, **k: real(*a, **k) + "drift")
     with pytest.warns(UserWarning, match="whole-conversation renders use apply_chat_template itself: .*differently"):
         whole = WholeRenderer(r)
     assert whole.unavailable and "differently" in whole.unavailable
     messages = [{"role": "user", "content": "hi"}]
     assert whole.render(messages, None, add_generation_prompt=True).endswith("drift")  # the reference path
+    r._whole_renderer = whole  # every render of this renderer now goes through apply_chat_template
+    assert r.render_text(messages, None, add_generation_prompt=True).endswith("drift")
 
 
 # --- The check decides exactly as with apply_chat_template --------------------------------------
@@ -322,3 +331,24 @@ def test_check_conformance_renders_through_the_memoized_sandbox(qwen3, monkeypat
     spy = Spy(env.renderer, monkeypatch)
     result = check_conformance(env.renderer, env._messages, env._tools, env._pieces, turn=3, final=True)
     assert result.status in ("ok", "known") and spy.calls == 0
+
+
+def test_a_whole_episode_renders_nothing_through_apply_chat_template(qwen3, monkeypatch):
+    """Observations, prompts and checks all render through the memoized sandbox; the steps give the
+    same observations and verdicts as with every render through apply_chat_template."""
+    fast_env = Weather(ChatRenderer(qwen3), rounds=6)
+    actions = [fast_env.renderer.assistant(assistant_message(t, 6, False), TOOLS).ids for t in range(6)]
+    spy = Spy(fast_env.renderer, monkeypatch)
+    fast_env.reset(seed=0)
+    observations, verdicts = [], []
+    for t in range(6):
+        obs, *_, info = fast_env.step(np.array(actions[t]))
+        observations.append(obs.tolist())
+        verdicts.append(info["conformance"])
+    assert spy.calls == 0
+    slow_env = Weather(ChatRenderer(qwen3), rounds=6)
+    whole_renderer(slow_env.renderer).unavailable = "compared with the reference path"
+    slow_env.reset(seed=0)
+    for t in range(6):
+        obs, *_, info = slow_env.step(np.array(actions[t]))
+        assert obs.tolist() == observations[t] and info["conformance"] == verdicts[t]

@@ -6,10 +6,13 @@ on a copy in memory (nothing is written back). To refresh the stored outputs aft
 notebook or the library, from the repository root::
 
     .venv/bin/python tests/notebook_run.py notebooks/quickstart.ipynb notebooks/rl_step.ipynb
+    .venv/bin/python tests/notebook_run.py --timeout 3600 notebooks/learn.ipynb   # its full run: minutes
 
 It runs each notebook top to bottom in a fresh kernel of this interpreter, from an empty
-temporary folder, drops timings, and refuses to store outputs that show a path of this
-machine, its host name or its user (say what the reader needs with relative paths instead).
+temporary folder, drops timings, writes paths inside the repository relative to its root (a
+warning names the library file it came from), and refuses to store outputs that show any other
+path of this machine, its host name or its user (say what the reader needs with relative paths
+instead).
 """
 
 from __future__ import annotations
@@ -117,7 +120,24 @@ def write_kernel(root: Path) -> Path:
     return root
 
 
-def refresh(path: Path) -> None:
+def relative_to_repository(nb: Any, root: Path) -> int:
+    """Write paths inside the repository relative to its root in the outputs (a warning names the
+    library file that raised it: ``recorder/learning.py:255:``, not where this checkout lives);
+    returns how many texts changed."""
+    prefix = str(root.resolve()) + "/"
+    changed = 0
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            for key in ("text", "traceback"):
+                value = out.get(key)
+                if isinstance(value, str) and prefix in value:
+                    out[key], changed = value.replace(prefix, ""), changed + 1
+                elif isinstance(value, list) and any(prefix in v for v in value):
+                    out[key], changed = [v.replace(prefix, "") for v in value], changed + 1
+    return changed
+
+
+def refresh(path: Path, *, timeout: int = CELL_TIMEOUT_S) -> None:
     """Execute ``path`` and store it with its outputs (refused when they would show this machine)."""
     import nbformat
 
@@ -125,7 +145,8 @@ def refresh(path: Path) -> None:
         kernels = write_kernel(Path(tmp) / "kernels")
         work = Path(tmp) / "work"
         work.mkdir()
-        nb = execute(path, work, kernels)
+        nb = execute(path, work, kernels, timeout=timeout)
+    relative_to_repository(nb, Path(__file__).resolve().parents[1])
     leaks = machine_leaks(nb)
     if leaks:
         raise SystemExit(f"{path}: not stored, its outputs show this machine:\n  " + "\n  ".join(leaks))
@@ -137,7 +158,14 @@ def refresh(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        raise SystemExit(__doc__)
-    for name in sys.argv[1:]:
-        refresh(Path(name))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("notebooks", nargs="+", type=Path)
+    parser.add_argument(
+        "--timeout", type=int, default=CELL_TIMEOUT_S,
+        help="seconds per cell (learn.ipynb's training cell runs for minutes: e.g. --timeout 3600)",
+    )
+    args = parser.parse_args()
+    for name in args.notebooks:
+        refresh(name, timeout=args.timeout)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from notebook_run import CELL_TIMEOUT_S, execute, machine_leaks, write_kernel
+from notebook_run import CELL_TIMEOUT_S, execute, machine_leaks, relative_to_repository, write_kernel
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
@@ -83,6 +83,21 @@ def test_the_scan_finds_machine_paths_and_names():
     assert machine_leaks(nb("kernel on gpu-box-17 ready"), words=["gpu-box-17"]) == ["cell 0: the machine's name 'gpu-box-17'"]
     html = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "display_data", "data": {"text/html": ["<b>/tmp/x</b>"]}}]}]}
     assert machine_leaks(html, words=[]) == ["cell 0: absolute path '/tmp/x'"]
+
+
+def test_paths_inside_the_repository_are_stored_relative_to_it(tmp_path: Path):
+    root = tmp_path / "checkout"
+    warning = f"{root}/recorder/learning.py:255: NoGroupSignalWarning: no GRPO signal\n"
+    nb = {"cells": [{"cell_type": "code", "outputs": [
+        {"output_type": "stream", "name": "stderr", "text": warning},
+        {"output_type": "error", "traceback": [f"File {root}/envs/chat.py:1", "ValueError: x"]},
+        {"output_type": "stream", "name": "stdout", "text": [f"wrote {tmp_path}/elsewhere/x"]},
+    ]}]}
+    assert relative_to_repository(nb, root) == 2
+    outputs = nb["cells"][0]["outputs"]
+    assert outputs[0]["text"] == "recorder/learning.py:255: NoGroupSignalWarning: no GRPO signal\n"
+    assert outputs[1]["traceback"] == ["File envs/chat.py:1", "ValueError: x"]
+    assert machine_leaks(nb, words=[]) == [f"cell 0: absolute path '{tmp_path}/elsewhere/x'"]  # outside: still refused
 
 
 @pytest.fixture(scope="module")

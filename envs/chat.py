@@ -31,6 +31,7 @@ from .conformance import (
     is_scheduled,
     next_scheduled,
 )
+from .plain_copy import plain_copy
 from .render import ChatRenderer, Message, TemplateError
 from .stop_strings import check_stop_strings, ends_with_stop_string
 
@@ -285,7 +286,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             elif turn + 1 >= self.max_turns:
                 stop_reason = "max_turns"
             if response.tool_calls:
-                self._calls_at[len(self._messages) - 1] = copy.deepcopy(list(response.tool_calls))
+                self._calls_at[len(self._messages) - 1] = plain_copy(list(response.tool_calls))
 
         obs_ids: list[int] = []
         context_reset = False
@@ -309,7 +310,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 else:
                     self._pieces.append(Piece("observation", turn, tuple(obs_ids), obs_text, has_user=has_user, n_messages=len(new)))
                 self._num_tokens += len(obs_ids)
-                self._messages.extend(copy.deepcopy(new))
+                self._messages.extend(plain_copy(new))
 
         done = stop_reason is not None
         conformance = self._check(turn, final=done)
@@ -320,13 +321,13 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             "turn": turn,
             "assistant": dict(assistant),
             "closed_by": closed_by,
-            "messages": copy.deepcopy(response.messages),
-            "tool_calls": copy.deepcopy(response.tool_calls),
+            "messages": plain_copy(response.messages),
+            "tool_calls": plain_copy(response.tool_calls),
             "conformance": conformance,
             "num_tokens": self.num_tokens,
             "num_action_tokens": len(ids),
             "remaining_context": self.max_context_tokens - self.num_tokens,
-            **copy.deepcopy(response.info),
+            **plain_copy(response.info),
         }
         if done:
             info["stop_reason"] = stop_reason

@@ -158,6 +158,21 @@ class Rendered:
     *before* the assistant turn (the template is not prefix-stable there): what changed."""
 
 
+def _decodes_through_backend(tok: Any) -> bool:
+    """Whether ``tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)`` is
+    the Rust tokenizer's ``decode``: a tokenizer class that overrides neither ``decode`` nor
+    ``_decode`` of transformers' fast-tokenizer base (a subclass with its own, e.g. one that
+    post-processes the text, keeps going through it)."""
+    if getattr(tok, "backend_tokenizer", None) is None:
+        return False
+    cls = type(tok)
+    decode, inner = getattr(cls, "decode", None), getattr(cls, "_decode", None)
+    return (
+        getattr(decode, "__module__", "") == "transformers.tokenization_utils_base"
+        and getattr(inner, "__module__", "") in ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")
+    )
+
+
 class ChatRenderer:
     """Turns chat messages into token ids with a Hugging Face tokenizer's chat template.
 
@@ -190,6 +205,7 @@ class ChatRenderer:
         self.vocab_size: int = len(tok)
         self.name: str = str(getattr(tok, "name_or_path", "") or type(tok).__name__)
         self._backend = getattr(tok, "backend_tokenizer", None)
+        self._direct_decode = _decodes_through_backend(tok)
         self._plain_backend: Any = None
         self._action_backend: Any = None
         # Placeholders for protected text carry a random marker no message can anticipate.
@@ -332,7 +348,11 @@ class ChatRenderer:
         return backend
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Decode ids exactly: special tokens kept, no clean-up of spaces."""
+        """Decode ids exactly: special tokens kept, no clean-up of spaces. Straight through the
+        Rust tokenizer when the tokenizer class decodes with transformers' own code (which does
+        just that here), else through ``tokenizer.decode``."""
+        if self._direct_decode:
+            return str(self._backend.decode(ids.tolist() if hasattr(ids, "tolist") else list(ids), skip_special_tokens=False))
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def count_added_texts(self, text: str) -> int:

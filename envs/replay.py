@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt
+from .plain_copy import plain_copy
 from .render import Message, TemplateError
 
 __all__ = [
@@ -313,8 +314,8 @@ class ReplayEnv(ChatEnv):
         last = turn.turn + 1 >= len(self._assistant_at)
         calls = msgs[self._assistant_at[turn.turn]].get("tool_calls")
         return EnvResponse(
-            messages=copy.deepcopy(msgs[start:end]) if not last else [],
+            messages=plain_copy(msgs[start:end]) if not last else [],
             done=last,
-            tool_calls=copy.deepcopy(calls),
-            info={"replay_trailing": copy.deepcopy(msgs[start:end])} if last and start < end else {},
+            tool_calls=plain_copy(calls),
+            info={"replay_trailing": plain_copy(msgs[start:end])} if last and start < end else {},
         )

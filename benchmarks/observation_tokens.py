@@ -36,9 +36,12 @@ answered by a tool result of a few hundred characters) and a final assistant ans
 turn, the tokengym observation ids are checked to equal the messages-in suffix ids (and the
 ``step`` observations to equal both); a mismatch prints the turn and exits with status 1.
 
-Timing: every method runs each episode ``--repeats`` times (interleaved, one untimed warm-up
-call first, garbage collector off during timed loops as in ``timeit``); a turn's time is its
-median over repeats. The per-turn columns cover the N tool turns, which every method has.
+Timing: every method runs each episode ``--repeats`` times, all methods advanced together
+turn by turn (turn k of every method, in a shuffled order, then turn k + 1), so that a change
+in the machine's speed during a run falls on all of them alike, and no method always runs
+right after the same other one (after messages-in's large render the caches are cold);
+one untimed warm-up call each first, the garbage collector off during the timed turns as in
+``timeit``. A turn's time is its median over repeats. The per-turn columns cover the N tool turns, which every method has.
 The ``step`` methods also time the final step (the final answer, which ends the episode and
 always runs the whole-conversation check unless conformance is off): it is reported on its
 own (``final step``) and in the episode total. Reported per N: mean and median microseconds
@@ -63,6 +66,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from tokengym.envs import ChatRenderer, ReplayEnv, load_tokenizer
@@ -195,20 +199,23 @@ def split_turns(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
 
 
 # ------------------------------------------------------------------ the methods
-def run_observation(renderer: ChatRenderer, tools, turns) -> tuple[list[int], list[list[int]]]:
-    times, obs = [], []
+# Each method is a generator that does one turn's work per ``next()`` and yields
+# (nanoseconds, observation ids, conformance status or None); the step methods yield the final
+# step last. The driver advances all of them turn by turn, so that a change in the machine's
+# speed during a run falls on every method at the same turn.
+Turn = tuple[int, list[int], "str | None"]
+
+
+def observation_turns(renderer: ChatRenderer, tools, turns) -> Iterator[Turn]:
     clock = time.perf_counter_ns
     for assistant, new in turns:
         calls = assistant["tool_calls"]
         t0 = clock()
         ids = renderer.observation(new, tools, assistant_tool_calls=calls).ids
-        times.append(clock() - t0)
-        obs.append(ids)
-    return times, obs
+        yield clock() - t0, ids, None
 
 
-def run_messages_in(tok, im_end: int, prompt, tools, turns) -> tuple[list[int], list[list[int]]]:
-    times, obs = [], []
+def messages_in_turns(tok, im_end: int, prompt, tools, turns) -> Iterator[Turn]:
     clock = time.perf_counter_ns
     history = list(prompt)
     prev_len = len(tok.apply_chat_template(history, tools=tools, tokenize=True, return_dict=False,
@@ -220,32 +227,24 @@ def run_messages_in(tok, im_end: int, prompt, tools, turns) -> tuple[list[int], 
         full = tok.apply_chat_template(history, tools=tools, tokenize=True, return_dict=False,
                                        add_generation_prompt=True)
         suffix = full[full.index(im_end, prev_len) + 1 :]
-        times.append(clock() - t0)
+        elapsed = clock() - t0
         prev_len = len(full)
-        obs.append(suffix)
-    return times, obs
+        yield elapsed, suffix, None
 
 
-def run_step(env: ReplayEnv, actions, n: int) -> tuple[list[int], int, list[list[int]], list[str]]:
-    """(time of each of the n tool turns, time of the final step, observations, conformance statuses)."""
-    times, obs, status = [], [], []
+def step_turns(env: ReplayEnv, actions, n: int) -> Iterator[Turn]:
+    """The n tool turns, then the final step (which must end the episode)."""
     clock = time.perf_counter_ns
     env.reset(seed=0)
-    for k in range(n):
+    for k in range(n + 1):
         t0 = clock()
         o, _, terminated, truncated, info = env.step(actions[k])
-        times.append(clock() - t0)
-        obs.append(o.tolist())
-        status.append(info["conformance"].status)
-        if terminated or truncated:
+        elapsed = clock() - t0
+        if k < n and (terminated or truncated):
             raise RuntimeError(f"ReplayEnv ended early at turn {k}: {info.get('stop_reason')}")
-    t0 = clock()
-    _, _, terminated, truncated, info = env.step(actions[n])  # the final answer ends the episode
-    final = clock() - t0
-    status.append(info["conformance"].status)
-    if not (terminated or truncated):
-        raise RuntimeError(f"ReplayEnv did not end after the final answer (turn {n})")
-    return times, final, obs, status
+        if k == n and not (terminated or truncated):
+            raise RuntimeError(f"ReplayEnv did not end after the final answer (turn {n})")
+        yield elapsed, o.tolist(), info["conformance"].status
 
 
 def warm_up(method: str, renderer: ChatRenderer, tok, prompt, tools, turns) -> None:
@@ -299,26 +298,40 @@ def bench(n: int, repeats: int, renderer: ChatRenderer, tok) -> dict[str, Any]:
     finals: dict[str, list[int]] = {m: [] for m in STEP_SETTINGS}
     outputs: dict[str, list[list[int]]] = {}
     statuses: dict[str, list[str]] = {}
+    shuffle = random.Random(n)
     for r in range(repeats):
-        for method in METHODS:
-            gc.collect()
+        order = list(METHODS)
+        for method in order:
             warm_up(method, renderer, tok, prompt, tools, turns)
-            gc.disable()
-            try:
-                if method == "observation":
-                    times, obs = run_observation(renderer, tools, turns)
-                elif method == "messages-in":
-                    times, obs = run_messages_in(tok, im_end, prompt, tools, turns)
-                else:
-                    times, final, obs, status = run_step(envs[method], actions, n)
-                    finals[method].append(final)
-                    if r == 0:
-                        statuses[method] = status
-            finally:
-                gc.enable()
-            per_turn[method].append(times)
+        runs: dict[str, Iterator[Turn]] = {}
+        for method in order:
+            if method == "observation":
+                runs[method] = observation_turns(renderer, tools, turns)
+            elif method == "messages-in":
+                runs[method] = messages_in_turns(tok, im_end, prompt, tools, turns)
+            else:
+                runs[method] = step_turns(envs[method], actions, n)
+        results: dict[str, list[Turn]] = {m: [] for m in order}
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(n):
+                shuffle.shuffle(order)  # each turn in another order: no method always follows the same one
+                for method in order:
+                    results[method].append(next(runs[method]))
+            for method in order:
+                if method in STEP_SETTINGS:
+                    results[method].append(next(runs[method]))  # the final step
+        finally:
+            gc.enable()
+        for method, got in results.items():
+            per_turn[method].append([t for t, _, _ in got[:n]])
+            if method in STEP_SETTINGS:
+                finals[method].append(got[n][0])
             if r == 0:
-                outputs[method] = obs
+                outputs[method] = [o for _, o, _ in got[:n]]
+                if method in STEP_SETTINGS:
+                    statuses[method] = [st for _, _, st in got if st is not None]
 
     # Correctness: tokengym == messages-in suffix for every turn; step() observations too.
     ref = outputs["messages-in"]

@@ -160,7 +160,7 @@ class WholeRenderer:
             self._probe()
         if self.unavailable is not None:
             warnings.warn(
-                f"whole-conversation renders use apply_chat_template itself: {self.unavailable}", stacklevel=3
+                f"chat-template renders use apply_chat_template itself (about 3x slower): {self.unavailable}", stacklevel=3
             )
 
     def _probe(self) -> None:
@@ -197,7 +197,7 @@ class WholeRenderer:
             except Exception:  # render_text raises the template's own error, or retries with string arguments
                 if self.unavailable is not None:  # found out just now (a template compiled for other tools)
                     warnings.warn(
-                        f"whole-conversation renders use apply_chat_template itself: {self.unavailable}", stacklevel=2
+                        f"chat-template renders use apply_chat_template itself (about 3x slower): {self.unavailable}", stacklevel=2
                     )
         return self.renderer.render_text(messages, tools, add_generation_prompt=add_generation_prompt, reference=True)
 
@@ -213,7 +213,7 @@ class WholeRenderer:
         except Exception:
             if self.unavailable is not None:  # found out just now (a template compiled for other tools)
                 warnings.warn(
-                    f"whole-conversation renders use apply_chat_template itself: {self.unavailable}", stacklevel=3
+                    f"chat-template renders use apply_chat_template itself (about 3x slower): {self.unavailable}", stacklevel=3
                 )
             raise
 

@@ -158,7 +158,7 @@ def test_a_probe_that_renders_differently_turns_the_fast_path_off_with_a_warning
     r = ChatRenderer(qwen25)
     real = r._apply
     monkeypatch.setattr(r, "_apply", lambda *a, **k: real(*a, **k) + "drift")
-    with pytest.warns(UserWarning, match="whole-conversation renders use apply_chat_template itself: .*differently"):
+    with pytest.warns(UserWarning, match=r"chat-template renders use apply_chat_template itself \(about 3x slower\): .*differently"):
         whole = WholeRenderer(r)
     assert whole.unavailable and "differently" in whole.unavailable
     messages = [{"role": "user", "content": "hi"}]

@@ -38,11 +38,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .template_inputs import Message, TemplateError, _has_object_arguments, _string_arguments
 from .tokenizers import load_tokenizer
+from .whole_render import whole_renderer
 
 __all__ = ["CONSTRUCTS", "ChatRenderer", "Message", "Rendered", "TemplateError"]
 
-Message = dict[str, Any]
 
 SENTINEL_USER = "tokengym-user-7f3a"
 SENTINEL_ASSISTANT = "tokengym-assistant-7f3a"
@@ -71,37 +72,6 @@ def _without_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
         out["function"] = {**out["function"], "arguments": {}}
     elif "arguments" in out:
         out["arguments"] = {}
-    return out
-
-
-def _has_object_arguments(messages: Sequence[Message]) -> bool:
-    return any(
-        not isinstance((c.get("function") if isinstance(c.get("function"), Mapping) else c).get("arguments", ""), str)
-        for m in messages
-        for c in (m.get("tool_calls") or ())
-        if isinstance(c, Mapping)
-    )
-
-
-def _string_arguments(messages: Sequence[Message]) -> list[Message]:
-    """The messages with tool-call arguments as JSON text (templates such as DeepSeek V3's
-    concatenate the arguments as a string and fail on an object)."""
-    out: list[Message] = []
-    for m in messages:
-        calls = m.get("tool_calls")
-        if not calls:
-            out.append(m)
-            continue
-        new_calls = []
-        for c in calls:
-            if isinstance(c, Mapping) and isinstance(c.get("function"), Mapping):
-                fn = c["function"]
-                if not isinstance(fn.get("arguments", ""), str):
-                    c = {**c, "function": {**fn, "arguments": json.dumps(fn.get("arguments"), ensure_ascii=False)}}
-            elif isinstance(c, Mapping) and not isinstance(c.get("arguments", ""), str):
-                c = {**c, "arguments": json.dumps(c.get("arguments"), ensure_ascii=False)}
-            new_calls.append(c)
-        out.append({**m, "tool_calls": new_calls})
     return out
 
 
@@ -141,10 +111,6 @@ def _alternation(strings: Sequence[str]) -> str:
 
 def _first_difference(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-class TemplateError(ValueError):
-    """The chat template cannot be used the way a token-faithful episode needs."""
 
 
 @dataclass(frozen=True)
@@ -398,8 +364,6 @@ class ChatRenderer:
         return text
 
     def _apply_fast(self, messages: list[Message], tools: Sequence[Any] | None, add_generation_prompt: bool) -> Any:
-        from .whole_render import whole_renderer  # it builds on this module
-
         fast = whole_renderer(self)
         if fast.unavailable is None:
             try:

@@ -35,10 +35,10 @@ from collections.abc import Callable, Sequence
 from types import BuiltinMethodType
 from typing import TYPE_CHECKING, Any
 
-from .render import TemplateError, _string_arguments
+from .template_inputs import Message, TemplateError, _string_arguments
 
 if TYPE_CHECKING:
-    from .render import ChatRenderer, Message
+    from .render import ChatRenderer
 
 __all__ = ["WholeRenderer", "whole_renderer"]
 

@@ -29,12 +29,12 @@ error, is always the template's own.
 from __future__ import annotations
 
 import builtins
-import copy
 import warnings
 from collections.abc import Callable, Sequence
 from types import BuiltinMethodType
 from typing import TYPE_CHECKING, Any
 
+from .plain_copy import plain_copy
 from .template_inputs import Message, TemplateError, _string_arguments
 
 if TYPE_CHECKING:
@@ -159,9 +159,14 @@ class WholeRenderer:
         else:
             self._probe()
         if self.unavailable is not None:
-            warnings.warn(
-                f"chat-template renders use apply_chat_template itself (about 3x slower): {self.unavailable}", stacklevel=3
-            )
+            self._warn_unavailable(stacklevel=4)
+
+    def _warn_unavailable(self, *, stacklevel: int) -> None:
+        """Say once, when it is found, why renders go through ``apply_chat_template`` from now on."""
+        warnings.warn(
+            f"chat-template renders use apply_chat_template itself (about 3x slower): {self.unavailable}",
+            stacklevel=stacklevel,
+        )
 
     def _probe(self) -> None:
         """Compare with ``apply_chat_template`` on probe conversations the template accepts."""
@@ -196,9 +201,7 @@ class WholeRenderer:
                 return self._render(messages, tools, add_generation_prompt=add_generation_prompt)
             except Exception:  # render_text raises the template's own error, or retries with string arguments
                 if self.unavailable is not None:  # found out just now (a template compiled for other tools)
-                    warnings.warn(
-                        f"chat-template renders use apply_chat_template itself (about 3x slower): {self.unavailable}", stacklevel=2
-                    )
+                    self._warn_unavailable(stacklevel=3)
         return self.renderer.render_text(messages, tools, add_generation_prompt=add_generation_prompt, reference=True)
 
     def render_once(
@@ -212,9 +215,7 @@ class WholeRenderer:
             return self._render(messages, tools, add_generation_prompt=add_generation_prompt, keep=False)
         except Exception:
             if self.unavailable is not None:  # found out just now (a template compiled for other tools)
-                warnings.warn(
-                    f"chat-template renders use apply_chat_template itself (about 3x slower): {self.unavailable}", stacklevel=3
-                )
+                self._warn_unavailable(stacklevel=4)
             raise
 
     def _template(self, source: str) -> Any:
@@ -263,27 +264,18 @@ class WholeRenderer:
         """The messages as the template sees them (``apply_chat_template``'s steps, one message at a
         time), each remembered with a copy of the message it came from (``keep``): a check renders
         the same history again and again, and only new or changed messages are converted."""
-        assert self._helpers is not None
-        _, normalize, plain, alias = self._helpers
         strings = self.renderer.string_arguments
+        if not keep:  # render_once: the renderer has made the arguments strings where it must
+            return [self._form(message) for message in messages]
         out: list[dict[str, Any]] = []
         for i, message in enumerate(messages):
-            if not keep:  # render_once: the renderer has made the arguments strings where it must
-                form = alias(plain(normalize([message])))[0]
-                if not isinstance(form, dict):
-                    raise TypeError("a message is not a dict")
-                out.append(form)
-                continue
             known = self._forms[i] if i < len(self._forms) else None
             if known is not None and known[0] is message and known[2] == strings and _unchanged(known[1], message):
                 out.append(known[3])
                 continue
-            source = _string_arguments([message])[0] if strings else message
-            form = alias(plain(normalize([source])))[0]
-            if not isinstance(form, dict):
-                raise TypeError("a message is not a dict")
+            form = self._form(_string_arguments([message])[0] if strings else message)
             try:
-                entry = (message, copy.deepcopy(message), strings, form)
+                entry = (message, plain_copy(message), strings, form)
             except Exception:  # not copyable: converted again next time
                 entry = None
             if i < len(self._forms):
@@ -292,6 +284,15 @@ class WholeRenderer:
                 self._forms.append(entry)
             out.append(form)
         return out
+
+    def _form(self, message: Message) -> dict[str, Any]:
+        """One message as the template sees it (``apply_chat_template``'s input steps)."""
+        assert self._helpers is not None
+        _, normalize, plain, alias = self._helpers
+        form = alias(plain(normalize([message])))[0]
+        if not isinstance(form, dict):
+            raise TypeError("a message is not a dict")
+        return form
 
 
 def _as_list(messages: Any) -> list[Any]:

@@ -352,3 +352,25 @@ def test_a_whole_episode_renders_nothing_through_apply_chat_template(qwen3, monk
     for t in range(6):
         obs, *_, info = slow_env.step(np.array(actions[t]))
         assert obs.tolist() == observations[t] and info["conformance"] == verdicts[t]
+
+
+def test_tools_given_as_functions_render_through_apply_chat_template(qwen25, monkeypatch):
+    """apply_chat_template turns Python functions into schemas; the memoized path leaves that to it
+    (a fallback that costs time, never text)."""
+
+    def get_weather(city: str) -> str:
+        """Get the weather in a city.
+
+        Args:
+            city: The city's name.
+        """
+        return "sunny"
+
+    r = ChatRenderer(qwen25)
+    whole_renderer(r)  # made and probed before counting
+    spy = Spy(r, monkeypatch)
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    text = r.render_text(messages, [get_weather], add_generation_prompt=True)
+    assert spy.calls == 1 and '"name": "get_weather"' in text
+    assert text == r.render_text(messages, [get_weather], add_generation_prompt=True, reference=True)
+    assert whole_renderer(r).unavailable is None  # other renders keep the fast path

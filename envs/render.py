@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .ascii_backend import ascii_twin
 from .template_inputs import Message, TemplateError, _has_object_arguments, _string_arguments
 from .tokenizers import load_tokenizer
 from .whole_render import whole_renderer
@@ -171,6 +172,7 @@ class ChatRenderer:
         self.vocab_size: int = len(tok)
         self.name: str = str(getattr(tok, "name_or_path", "") or type(tok).__name__)
         self._backend = getattr(tok, "backend_tokenizer", None)
+        self._ascii = ascii_twin(self._backend) if self._backend is not None else None
         self._direct_decode = _decodes_through_backend(tok)
         self._plain_backend: Any = None
         self._action_backend: Any = None
@@ -243,7 +245,10 @@ class ChatRenderer:
 
     # ------------------------------------------------------------ text <-> ids
     def encode(self, text: str) -> list[int]:
-        """Tokenize template text: special-token strings become special tokens."""
+        """Tokenize template text: special-token strings become special tokens. ASCII text skips
+        a Unicode normalizer that cannot change it (:mod:`tokengym.envs.ascii_backend`)."""
+        if self._ascii is not None:
+            return list(self._ascii.for_text(text).encode(text, add_special_tokens=False).ids)
         if self._backend is not None:
             return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -18,7 +18,9 @@ steps ``apply_chat_template`` applies (messages to plain dicts without
 ``None`` values, plain template data, the reasoning field aliases, the special tokens map and the
 renderer's template variables as template variables), one message at a time, and each message's
 converted form is kept with a copy of the message: the next check converts only the messages that
-are new or no longer equal to their copy. That uses transformers' helper functions (a step an
+are new or no longer equal to their copy. Plain data (what JSON and the environments give) is
+converted by one direct copy, which is what those steps make of it, and ``loop`` and
+``namespace()`` reads that the sandbox would return as they are skip its wrapping step. That uses transformers' helper functions (a step an
 older version does not take is skipped, as that version skips it); where this transformers
 version lacks the template compiler, or renders the probe conversation differently, or a
 render raises, the whole render goes through ``apply_chat_template`` itself (the
@@ -74,8 +76,19 @@ _PROBE_MESSAGES: list[dict[str, Any]] = [
 ]
 
 
+def _runtime_types() -> frozenset[type]:
+    """Jinja's own template-time objects (``loop``, ``namespace()``): no instance dict of a caller's,
+    attributes read by name only."""
+    from jinja2.runtime import LoopContext
+    from jinja2.utils import Namespace
+
+    return frozenset({LoopContext, Namespace})
+
+
 def _memo_sandbox_class(base: type) -> type:
     """``base`` (transformers' sandbox class) with its safety decisions remembered per type."""
+
+    runtime_types = _runtime_types()
 
     class MemoSandbox(base):  # type: ignore[misc, valid-type]
         _decisions: dict[tuple[type, str], bool]
@@ -91,11 +104,11 @@ def _memo_sandbox_class(base: type) -> type:
 
         def getattr(self, obj: Any, attribute: str) -> Any:
             kind = type(obj)
-            if kind in _PLAIN_TYPES and type(attribute) is str:
-                key = (kind, attribute)
-                how = self._reads.get(key)
-                if how is None:
-                    how = self._reads[key] = self._classify(obj, attribute)
+            # Only plain types' reads are remembered, so a known read is one of a plain type.
+            how = self._reads.get((kind, attribute)) if type(attribute) is str else _SANDBOX
+            if how is None and kind in _PLAIN_TYPES:
+                how = self._reads[(kind, attribute)] = self._classify(obj, attribute)
+            if how is not None:
                 if how is _ITEM:  # not an attribute of the type: the sandbox reads the item
                     try:
                         return obj[attribute]
@@ -103,6 +116,17 @@ def _memo_sandbox_class(base: type) -> type:
                         return self.undefined(obj=obj, name=attribute)
                 if how is _ATTR:  # an attribute the sandbox allows and does not wrap
                     return builtins.getattr(obj, attribute)
+            elif kind in runtime_types:
+                # ``loop.index0``, ``ns.flag``: the value depends on the instance, the rule on the
+                # type; a plain value is no ``str.format`` to wrap, so the sandbox returns it when
+                # the rule allows it. Anything else takes the sandbox's own path.
+                try:
+                    value = builtins.getattr(obj, attribute)
+                except AttributeError:
+                    pass
+                else:
+                    if type(value) in _PLAIN_TYPES and self.is_safe_attribute(obj, attribute, value):
+                        return value
             return base.getattr(self, obj, attribute)
 
         def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
@@ -142,6 +166,7 @@ class WholeRenderer:
         self._compiled: dict[str, Any] = {}
         self._forms: list[tuple[Message, Message, bool, dict[str, Any]] | None] = []
         self._helpers: tuple[Callable[..., Any], ...] | None = None
+        self._plain_steps = False
         try:
             from transformers.utils import chat_template_utils as ctu
 
@@ -154,6 +179,9 @@ class WholeRenderer:
                 getattr(ctu, "_plain_template_data", _as_is),
                 getattr(ctu, "_alias_reasoning_fields", _as_is),
             )
+            # The steps whose result on plain data _form makes directly: dropping a message's None
+            # values (and copying it), then, where this version has it, rebuilding it from plain types.
+            self._plain_steps = hasattr(ctu, "_normalize_chat_messages")
         except (ImportError, AttributeError) as err:
             self.unavailable = f"this transformers version lacks a chat-template helper ({err})"
         else:
@@ -240,25 +268,34 @@ class WholeRenderer:
     def _render(
         self, messages: Sequence[Message], tools: Sequence[Any] | None, *, add_generation_prompt: bool, keep: bool = True
     ) -> str:
-        assert self._helpers is not None
-        plain = self._helpers[2]
         r = self.renderer
         tool_list = list(tools) if tools else None
         if tool_list is not None and not all(isinstance(t, dict) for t in tool_list):
             raise TypeError("tools given as functions: apply_chat_template converts them")
         source = r.tokenizer.get_chat_template(r.chat_template, tool_list)
         chat = self._template_messages(messages, keep=keep)
-        variables = plain({**r.tokenizer.special_tokens_map, **r.template_kwargs})
+        variables = self._plain({**r.tokenizer.special_tokens_map, **r.template_kwargs})
         return str(
             self._template(source).render(
                 messages=chat,
-                tools=plain(tool_list),
+                tools=self._plain(tool_list),
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **variables,
             )
         )
 
+    def _plain(self, value: Any) -> Any:
+        """``_plain_template_data(value)`` where this version has it; for plain data, the same copy
+        made directly (see :meth:`_form`)."""
+        assert self._helpers is not None
+        plain = self._helpers[2]
+        if plain is not _as_is:
+            try:
+                return _copy_plain(value, 0)
+            except _NotPlain:
+                pass
+        return plain(value)
 
     def _template_messages(self, messages: Sequence[Message], *, keep: bool = True) -> list[dict[str, Any]]:
         """The messages as the template sees them (``apply_chat_template``'s steps, one message at a
@@ -286,13 +323,53 @@ class WholeRenderer:
         return out
 
     def _form(self, message: Message) -> dict[str, Any]:
-        """One message as the template sees it (``apply_chat_template``'s input steps)."""
+        """One message as the template sees it (``apply_chat_template``'s input steps). A message of
+        plain data (dicts with string keys, lists, tuples, strings, numbers, booleans, None: what
+        JSON and the environments give) comes out of transformers' steps as a copy of itself without
+        its ``None`` values: that copy is made directly, at a fraction of the time the general steps
+        take (they test each value against every kind of object a caller might pass)."""
         assert self._helpers is not None
         _, normalize, plain, alias = self._helpers
+        if self._plain_steps and type(message) is dict:
+            try:
+                return alias([{key: value for key, value in _copy_plain(message, 0).items() if value is not None}])[0]
+            except _NotPlain:
+                pass
         form = alias(plain(normalize([message])))[0]
         if not isinstance(form, dict):
             raise TypeError("a message is not a dict")
         return form
+
+
+class _NotPlain(Exception):
+    """A value that is not plain data: the message goes through transformers' own steps."""
+
+
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
+_MAX_DEPTH = 100
+
+
+def _copy_plain(value: Any, depth: int) -> Any:
+    """A copy of plain data (exact types only: a subclass of ``str`` or ``dict``, an object, a key
+    that is not a string, or nesting past ``_MAX_DEPTH`` raise :class:`_NotPlain`): what
+    ``_message_objects_to_dicts`` and ``_plain_template_data`` make of it."""
+    kind = type(value)
+    if kind in _SCALAR_TYPES:
+        return value
+    if depth >= _MAX_DEPTH:
+        raise _NotPlain
+    if kind is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _NotPlain
+            out[key] = _copy_plain(item, depth + 1)
+        return out
+    if kind is list:
+        return [_copy_plain(item, depth + 1) for item in value]
+    if kind is tuple:
+        return tuple(_copy_plain(item, depth + 1) for item in value)
+    raise _NotPlain
 
 
 def _as_list(messages: Any) -> list[Any]:

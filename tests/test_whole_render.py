@@ -374,3 +374,87 @@ def test_tools_given_as_functions_render_through_apply_chat_template(qwen25, mon
     assert spy.calls == 1 and '"name": "get_weather"' in text
     assert text == r.render_text(messages, [get_weather], add_generation_prompt=True, reference=True)
     assert whole_renderer(r).unavailable is None  # other renders keep the fast path
+
+
+# Reads of jinja's own objects (loop, namespace()) that the sandbox returns, wraps or refuses.
+RUNTIME_READS = (
+    "{%- set ns = namespace(flag=false, items=[1, 2], table={'k': 'v'}, fmt='<{}>'.format, n=0) -%}"
+    "{%- for m in messages -%}"
+    "{%- set ns.n = ns.n + 1 -%}{%- if loop.last %}{% set ns.flag = true %}{% endif -%}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }} {{ loop.index0 }}/{{ loop.length }} {{ loop.first }} {{ loop.last }} "
+    "{{ loop.revindex }} {{ loop.cycle('odd', 'even') }} {{ loop.changed(m.role) }} {{ loop.depth }} "
+    "{{ ns.items | length }} {{ ns.table.k }} {{ ns.fmt(m.role) }} {{ ns.n }} {{ ns.missing is defined }} "
+    "{{ loop._length is defined }} {{ ns.__class__ is defined }} {{ loop.__class__ is defined }}<|im_end|>\n"
+    "{%- endfor -%}"
+    "{{ ns.flag }}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}"
+)
+
+
+def test_loop_and_namespace_reads_render_as_the_sandbox_does(qwen25, monkeypatch):
+    """loop and namespace() attributes, plain or not (a str.format the sandbox wraps), missing, or
+    private (refused): the memoized sandbox gives apply_chat_template's text."""
+    r = ChatRenderer(qwen25, chat_template=RUNTIME_READS)
+    whole = whole_renderer(r)
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    spy = Spy(r, monkeypatch)
+    for generation_prompt in (True, False):
+        before = spy.calls
+        text = whole.render(messages, None, add_generation_prompt=generation_prompt)
+        assert spy.calls == before, "the memoized sandbox fell back to apply_chat_template"
+        assert text == r.render_text(messages, None, add_generation_prompt=generation_prompt, reference=True)
+    assert "<user> 3 False False False" in text  # wrapped str.format; no private or internal attribute read
+    assert "0/3 True False 3 odd True 1" in text and text.endswith("True")
+
+
+class Role(str):
+    """A str subclass: transformers' steps make it a plain str."""
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": "hi", "name": None},
+        {"role": "assistant", "content": None, "reasoning": "because", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1, "y": [1.5, True, None],
+                                                                                      "z": ("a", {"b": None})}}}]},
+        {"role": "tool", "content": [{"type": "text", "text": "ok"}], "tool_call_id": "c1"},
+        {"role": Role("user"), "content": "a str subclass"},
+        {"role": "user", "content": "numpy", "n": np.int64(3), "flag": np.bool_(False)},
+        {"role": "user", "content": "a key that is not a string", "extra": {1: "one"}},
+        {"role": "user", "content": "an object", "extra": object()},
+        {"role": "user", "content": "deep", "extra": functools.reduce(lambda inner, _: [inner], range(150), [])},
+    ],
+    ids=["none", "calls", "blocks", "str-subclass", "numpy", "int-key", "object", "deep"],
+)
+def test_a_message_converts_as_transformers_steps_convert_it(qwen25, message):
+    """Plain data is copied directly; anything else goes through transformers' own steps: the same
+    result either way, and nothing of the caller's message is shared."""
+    whole = whole_renderer(ChatRenderer(qwen25))
+    _, normalize, plain, alias = whole._helpers  # the steps this transformers version takes
+    expected = alias(plain(normalize([message])))[0]
+    form = whole._form(message)
+    assert form == expected
+    assert [type(v) for v in form.values()] == [type(v) for v in expected.values()]
+    if not whole._plain_steps:  # an older version renders the message as given: nothing to copy
+        return
+
+    def containers(value, out):
+        if isinstance(value, (dict, list, tuple)):
+            out.append(id(value))
+            for item in value.values() if isinstance(value, dict) else value:
+                containers(item, out)
+        return out
+
+    shared = set(containers(form, [])) & set(containers(message, []))
+    assert not shared, "the form shares a container with the message"
+
+
+def test_tools_convert_as_transformers_steps_convert_them(qwen25):
+    whole = whole_renderer(ChatRenderer(qwen25))
+    plain = whole._helpers[2]  # the step this transformers version takes (older ones take none)
+    tools = [*TOOLS, {"type": "function", "function": {"name": "g", "parameters": {"enum": (1, 2.0, True, None)}}}]
+    assert whole._plain(tools) == plain(tools)
+    assert whole._plain(tools)[-1]["function"]["parameters"]["enum"] == (1, 2.0, True, None)
+    odd = [{"type": "function", "function": {"name": Role("h"), "n": np.float32(0.5)}}]
+    assert whole._plain(odd) == plain(odd)
+    assert type(whole._plain(odd)[0]["function"]["name"]) is type(plain(odd)[0]["function"]["name"])

@@ -125,6 +125,17 @@ class Rendered:
     *before* the assistant turn (the template is not prefix-stable there): what changed."""
 
 
+def _ids(backend: Any, text: str) -> list[int]:
+    """The ids of ``text`` (no special tokens added) from a ``tokenizers.Tokenizer``. Through
+    ``encode_batch_fast`` where the library has it: the same ids without the character offsets
+    ``encode`` also computes (about a fifth of its time), and the GIL released meanwhile, so that
+    env steps on other threads go on."""
+    fast = getattr(backend, "encode_batch_fast", None)
+    if fast is not None:
+        return list(fast([text], add_special_tokens=False)[0].ids)
+    return list(backend.encode(text, add_special_tokens=False).ids)
+
+
 def _decodes_through_backend(tok: Any) -> bool:
     """Whether ``tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)`` is
     the Rust tokenizer's ``decode``: a tokenizer class that overrides neither ``decode`` nor
@@ -248,9 +259,9 @@ class ChatRenderer:
         """Tokenize template text: special-token strings become special tokens. ASCII text skips
         a Unicode normalizer that cannot change it (:mod:`tokengym.envs.ascii_backend`)."""
         if self._ascii is not None:
-            return list(self._ascii.for_text(text).encode(text, add_special_tokens=False).ids)
+            return _ids(self._ascii.for_text(text), text)
         if self._backend is not None:
-            return list(self._backend.encode(text, add_special_tokens=False).ids)
+            return _ids(self._backend, text)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def encode_plain(self, text: str) -> list[int]:
@@ -259,7 +270,7 @@ class ChatRenderer:
             return self.encode(text)
         if self._plain_backend is None:
             self._plain_backend = self._literal_backend(every_added=True)
-        return list(self._plain_backend.encode(text, add_special_tokens=False).ids)
+        return _ids(self._plain_backend, text)
 
     def encode_action_text(self, text: str) -> list[int]:
         """Tokenize text a model writes: the control tokens that the template itself writes
@@ -270,7 +281,7 @@ class ChatRenderer:
             self._action_backend = self._literal_backend(every_added=False, allowed=self.turn_control_texts)
         if not (self._special_re and self._special_re.search(text)):
             return self.encode(text)
-        return list(self._action_backend.encode(text, add_special_tokens=False).ids)
+        return _ids(self._action_backend, text)
 
     @property
     def turn_control_texts(self) -> frozenset[str]:

@@ -343,13 +343,17 @@ def bench(n: int, repeats: int, renderer: ChatRenderer, tok) -> dict[str, Any]:
     def warm(method: str) -> None:
         warm_up(method, renderer, tok, prompt, tools, turns)
 
-    # Pass 1, every method: the speed ratios. Pass 2, without messages-in: how each method's cost
-    # grows with the turn. messages-in's render grows to ~100 ms by the last turns and slows
-    # whatever runs right after it (observation(), whose work is the same on every turn, by up
-    # to ~1.2x in the last quarter); pass 2 measures each method's own growth.
+    # Pass 1, every method advanced together turn by turn: the speed ratios. Pass 2, each method's
+    # episode alone (methods in turn, `repeats` rounds): how its cost grows with the turn. In pass 1
+    # the renders that grow with the conversation (messages-in's, every_turn's checks) slow whatever
+    # runs after them: observation(), whose work is the same on every turn, shows 1.15-1.25 there
+    # and ~1.04 alone (its last quarter has 5% more tokens).
     per_turn, finals, outputs, statuses = interleave(METHODS, repeats, n, make_run, warm, random.Random(n))
-    flat_methods = tuple(m for m in METHODS if m != "messages-in")
-    flat_per_turn, _, _, _ = interleave(flat_methods, repeats, n, make_run, warm, random.Random(n + 1))
+    flat_per_turn: dict[str, list[list[int]]] = {m: [] for m in METHODS if m != "messages-in"}
+    for _ in range(repeats):
+        for method in flat_per_turn:
+            alone, _, _, _ = interleave((method,), 1, n, make_run, warm, random.Random(n))
+            flat_per_turn[method] += alone[method]
 
     # Correctness: tokengym == messages-in suffix for every turn; step() observations too.
     ref = outputs["messages-in"]

@@ -76,19 +76,25 @@ _PROBE_MESSAGES: list[dict[str, Any]] = [
 ]
 
 
-def _runtime_types() -> frozenset[type]:
-    """Jinja's own template-time objects (``loop``, ``namespace()``): no instance dict of a caller's,
-    attributes read by name only."""
+def _is_runtime_type(kind: type) -> bool:
+    """Whether ``kind`` is one of jinja's own template-time objects (``loop``; ``namespace()``,
+    transformers' subclass of it included, as long as it reads attributes the way jinja's does)."""
     from jinja2.runtime import LoopContext
     from jinja2.utils import Namespace
 
-    return frozenset({LoopContext, Namespace})
+    if kind is LoopContext or kind is Namespace:
+        return True
+    return (
+        issubclass(kind, Namespace)
+        and kind.__getattribute__ is Namespace.__getattribute__
+        and not hasattr(kind, "__getattr__")
+    )
 
 
 def _memo_sandbox_class(base: type) -> type:
     """``base`` (transformers' sandbox class) with its safety decisions remembered per type."""
 
-    runtime_types = _runtime_types()
+    runtime_types: dict[type, bool] = {}
 
     class MemoSandbox(base):  # type: ignore[misc, valid-type]
         _decisions: dict[tuple[type, str], bool]
@@ -116,7 +122,11 @@ def _memo_sandbox_class(base: type) -> type:
                         return self.undefined(obj=obj, name=attribute)
                 if how is _ATTR:  # an attribute the sandbox allows and does not wrap
                     return builtins.getattr(obj, attribute)
-            elif kind in runtime_types:
+                return base.getattr(self, obj, attribute)
+            runtime = runtime_types.get(kind)
+            if runtime is None:
+                runtime = runtime_types[kind] = _is_runtime_type(kind)
+            if runtime:
                 # ``loop.index0``, ``ns.flag``: the value depends on the instance, the rule on the
                 # type; a plain value is no ``str.format`` to wrap, so the sandbox returns it when
                 # the rule allows it. Anything else takes the sandbox's own path.

@@ -458,3 +458,25 @@ def test_tools_convert_as_transformers_steps_convert_them(qwen25):
     odd = [{"type": "function", "function": {"name": Role("h"), "n": np.float32(0.5)}}]
     assert whole._plain(odd) == plain(odd)
     assert type(whole._plain(odd)[0]["function"]["name"]) is type(plain(odd)[0]["function"]["name"])
+
+
+def test_only_namespaces_that_read_attributes_as_jinja_does_skip_the_wrapping_step():
+    from jinja2.runtime import LoopContext
+    from jinja2.utils import Namespace
+
+    from tokengym.envs.whole_render import _is_runtime_type
+
+    class Same(Namespace):  # like transformers' TemplateNamespace: checks names on writes only
+        def __setitem__(self, name, value):
+            super().__setitem__(name, value)
+
+    class Own(Namespace):
+        def __getattribute__(self, name):
+            return "{}".format
+
+    class Fallback(Namespace):
+        def __getattr__(self, name):
+            return name
+
+    assert _is_runtime_type(LoopContext) and _is_runtime_type(Namespace) and _is_runtime_type(Same)
+    assert not any(map(_is_runtime_type, (Own, Fallback, dict, str, object)))

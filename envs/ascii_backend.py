@@ -40,13 +40,20 @@ class AsciiTwin:
         self.original = original
         self.twin = twin
         self._size = original.get_vocab_size(with_added_tokens=True)
+        self._special_as_text = original.encode_special_tokens
 
     def for_text(self, text: str) -> Any:
-        """The twin for ASCII text while the original's vocabulary is unchanged; else the original
-        (a token added to the original after the twin was made would be missing from the twin)."""
-        if text.isascii() and self.original.get_vocab_size(with_added_tokens=True) == self._size:
+        """The twin for ASCII text while the original is as it was when the twin was made; else the
+        original (a token added to it afterwards would be missing from the twin, a changed
+        ``encode_special_tokens`` would not be the twin's)."""
+        original = self.original
+        if (
+            text.isascii()
+            and original.get_vocab_size(with_added_tokens=True) == self._size
+            and original.encode_special_tokens == self._special_as_text
+        ):
             return self.twin
-        return self.original
+        return original
 
 
 def ascii_twin(backend: Any) -> AsciiTwin | None:

@@ -20,8 +20,9 @@ renderer's template variables as template variables), one message at a time, and
 converted form is kept with a copy of the message: the next check converts only the messages that
 are new or no longer equal to their copy. Plain data (what JSON and the environments give) is
 converted by one direct copy, which is what those steps make of it, and ``loop`` and
-``namespace()`` reads that the sandbox would return as they are skip its wrapping step. That uses transformers' helper functions (a step an
-older version does not take is skipped, as that version skips it); where this transformers
+``namespace()`` reads that the sandbox would return as they are skip its wrapping step. That uses
+transformers' helper functions (a step an older version does not take is skipped, as that version
+skips it); where this transformers
 version lacks the template compiler, or renders the probe conversation differently, or a
 render raises, the whole render goes through ``apply_chat_template`` itself (the
 :attr:`WholeRenderer.unavailable` reason says why for the first two), so the text, and any

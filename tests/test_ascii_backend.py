@@ -88,6 +88,17 @@ def test_a_token_added_to_the_tokenizer_afterwards_turns_the_twin_off():
     assert backend.encode("hello world", add_special_tokens=False).ids == [backend.token_to_id("hello world")]
 
 
+def test_special_tokens_encoded_as_text_afterwards_turn_the_twin_off():
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(load_tokenizer("qwen2.5").backend_tokenizer.to_str())  # a private copy
+    twin = ascii_twin(backend)
+    assert twin is not None and twin.for_text("<|im_end|>") is twin.twin
+    backend.encode_special_tokens = True
+    assert twin.for_text("<|im_end|>") is backend
+    assert len(backend.encode("<|im_end|>", add_special_tokens=False).ids) > 1
+
+
 class ShiftedIds:
     """A tokenizer that reports one added token under another id than its twin would give it."""
 

@@ -7,6 +7,10 @@ mutating what it was given. Those are JSON-like trees (dicts, lists, strings, nu
 tenth of a default step. :func:`plain_copy` walks such trees directly; any other value (a
 dataclass, a NumPy array, a user's object) is copied by ``copy.deepcopy``, so the result is
 always a deep copy.
+
+:func:`plain_data` copies only such trees, of exact types, and refuses anything else: for the
+chat-template inputs, where a plain tree comes out of transformers' input steps as its own copy
+and any other value must go through those steps.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import copy
 from typing import Any, TypeVar
 
-__all__ = ["plain_copy"]
+__all__ = ["NotPlainData", "plain_copy", "plain_data"]
 
 T = TypeVar("T")
 
@@ -43,3 +47,38 @@ def _copy(value: Any, depth: int) -> Any:
     if kind is tuple:
         return tuple(_copy(v, depth + 1) for v in value)
     return copy.deepcopy(value)
+
+
+class NotPlainData(ValueError):
+    """A value :func:`plain_data` does not copy."""
+
+
+_DATA_SCALARS = frozenset({str, int, float, bool, type(None)})  # no bytes: templates get "<bytes>" for them
+_DATA_DEPTH = 100
+
+
+def plain_data(value: T) -> T:
+    """A copy of a tree of plain data: dicts with string keys, lists, tuples, strings, numbers,
+    booleans and None, each of exactly that type. A subclass (of ``str``, of ``dict``), any other
+    object, a key that is not a string, or nesting past 100 levels raise :class:`NotPlainData`."""
+    return _data(value, 0)
+
+
+def _data(value: Any, depth: int) -> Any:
+    kind = type(value)
+    if kind in _DATA_SCALARS:
+        return value
+    if depth >= _DATA_DEPTH:
+        raise NotPlainData("nested too deep")
+    if kind is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise NotPlainData(f"a {type(key).__name__} key")
+            out[key] = _data(item, depth + 1)
+        return out
+    if kind is list:
+        return [_data(item, depth + 1) for item in value]
+    if kind is tuple:
+        return tuple(_data(item, depth + 1) for item in value)
+    raise NotPlainData(f"a {kind.__name__}")

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from types import BuiltinMethodType
 from typing import TYPE_CHECKING, Any
 
-from .plain_copy import plain_copy
+from .plain_copy import NotPlainData, plain_copy, plain_data
 from .template_inputs import Message, TemplateError, _string_arguments
 
 if TYPE_CHECKING:
@@ -303,8 +303,8 @@ class WholeRenderer:
         plain = self._helpers[2]
         if plain is not _as_is:
             try:
-                return _copy_plain(value, 0)
-            except _NotPlain:
+                return plain_data(value)
+            except NotPlainData:
                 pass
         return plain(value)
 
@@ -343,44 +343,13 @@ class WholeRenderer:
         _, normalize, plain, alias = self._helpers
         if self._plain_steps and type(message) is dict:
             try:
-                return alias([{key: value for key, value in _copy_plain(message, 0).items() if value is not None}])[0]
-            except _NotPlain:
+                return alias([{key: value for key, value in plain_data(message).items() if value is not None}])[0]
+            except NotPlainData:
                 pass
         form = alias(plain(normalize([message])))[0]
         if not isinstance(form, dict):
             raise TypeError("a message is not a dict")
         return form
-
-
-class _NotPlain(Exception):
-    """A value that is not plain data: the message goes through transformers' own steps."""
-
-
-_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
-_MAX_DEPTH = 100
-
-
-def _copy_plain(value: Any, depth: int) -> Any:
-    """A copy of plain data (exact types only: a subclass of ``str`` or ``dict``, an object, a key
-    that is not a string, or nesting past ``_MAX_DEPTH`` raise :class:`_NotPlain`): what
-    ``_message_objects_to_dicts`` and ``_plain_template_data`` make of it."""
-    kind = type(value)
-    if kind in _SCALAR_TYPES:
-        return value
-    if depth >= _MAX_DEPTH:
-        raise _NotPlain
-    if kind is dict:
-        out = {}
-        for key, item in value.items():
-            if type(key) is not str:
-                raise _NotPlain
-            out[key] = _copy_plain(item, depth + 1)
-        return out
-    if kind is list:
-        return [_copy_plain(item, depth + 1) for item in value]
-    if kind is tuple:
-        return tuple(_copy_plain(item, depth + 1) for item in value)
-    raise _NotPlain
 
 
 def _as_list(messages: Any) -> list[Any]:

@@ -130,3 +130,17 @@ def test_normalizer_forms_that_are_the_identity_on_ascii():
     assert not _identity_on_ascii({"type": "Lowercase"})
     assert not _identity_on_ascii(json.loads('{"type": "Prepend", "prepend": "_"}'))
     assert not _identity_on_ascii(None)
+
+
+def test_ids_come_from_encode_where_tokenizers_has_no_encode_batch_fast():
+    from tokengym.envs.render import _ids
+
+    backend = load_tokenizer("qwen2.5").backend_tokenizer
+
+    class Older:  # a tokenizers release before encode_batch_fast
+        def encode(self, text, add_special_tokens=True):
+            return backend.encode(text, add_special_tokens=add_special_tokens)
+
+    text = "<|im_start|>user\nhello <tool_call> world<|im_end|>"
+    assert not hasattr(Older(), "encode_batch_fast")
+    assert _ids(Older(), text) == _ids(backend, text) == list(backend.encode(text, add_special_tokens=False).ids)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 from tokengym.envs.plain_copy import plain_copy
 
@@ -33,3 +34,23 @@ def test_a_tree_that_holds_itself_is_still_copied():
     loop["self"] = loop
     copied = plain_copy(loop)
     assert copied is not loop and copied["self"] is copied  # copy.deepcopy's answer for a cycle
+
+
+def test_plain_data_copies_exact_plain_trees_and_refuses_the_rest():
+    from tokengym.envs.plain_copy import NotPlainData, plain_data
+
+    tree = {"a": [1, 2.5, True, None, ("x", {"y": []})], "b": {"c": "d"}}
+    copied = plain_data(tree)
+    assert copied == tree and copied is not tree and copied["a"] is not tree["a"]
+    assert copied["a"][4] is not tree["a"][4] and copied["a"][4][1] is not tree["a"][4][1]
+
+    class Text(str):
+        pass
+
+    deep: list = []
+    for _ in range(120):
+        deep = [deep]
+    for refused, _why in [({"k": Text("v")}, "Text"), ({1: "one"}, "int key"), ({"k": b"raw"}, "bytes"),
+                         ({"k": object()}, "object"), (deep, "too deep")]:
+        with pytest.raises(NotPlainData):
+            plain_data(refused)

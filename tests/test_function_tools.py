@@ -155,6 +155,7 @@ def test_result_text():
     assert result_text("bad \udcff surrogate")[0] == "bad \ufffd\ufffd\ufffd surrogate"
 
 
+@pytest.mark.alone
 def test_runner_runs_calls_concurrently_and_in_call_order():
     def nap(s: float) -> float:
         """Sleep.
@@ -173,6 +174,7 @@ def test_runner_runs_calls_concurrently_and_in_call_order():
     assert elapsed < 0.8  # concurrent: ~0.4 s, not 1.0 s
 
 
+@pytest.mark.alone
 def test_sequential_tools_run_in_call_order():
     seen: list[str] = []
 
@@ -191,6 +193,7 @@ def test_sequential_tools_run_in_call_order():
     assert seen == ["a", "b", "c"] and [o.content for o in out] == ["a", "b", "c"]
 
 
+@pytest.mark.alone
 def test_hung_sync_tool_is_abandoned_after_its_timeout():
     def hang() -> str:
         """Hang (longer than any timeout here)."""
@@ -211,6 +214,7 @@ def test_hung_sync_tool_is_abandoned_after_its_timeout():
     assert abandoned_threads() >= 1
 
 
+@pytest.mark.alone
 def test_async_tool_timeout_cancels_the_coroutine():
     cancelled = threading.Event()
 
@@ -239,6 +243,7 @@ def test_async_tool_timeout_cancels_the_coroutine():
     runner.close()
 
 
+@pytest.mark.alone
 def test_async_tool_that_blocks_the_loop_still_times_out():
     async def blocks() -> str:
         """Block the loop."""

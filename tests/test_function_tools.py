@@ -174,7 +174,6 @@ def test_runner_runs_calls_concurrently_and_in_call_order():
     assert elapsed < 0.8  # concurrent: ~0.4 s, not 1.0 s
 
 
-@pytest.mark.alone
 def test_sequential_tools_run_in_call_order():
     seen: list[str] = []
 

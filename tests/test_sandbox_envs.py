@@ -36,7 +36,7 @@ from tokengym.envs.function_tools import ToolCall
 from tokengym.recorder import RecordEpisodes
 
 from needs import missing
-from test_sandbox_local import ISOLATIONS, open_fds, require_bwrap, sandbox_dirs, sandbox_processes
+from test_sandbox_local import ISOLATIONS, assert_no_more_fds_than, fd_targets, require_bwrap, sandbox_dirs, sandbox_processes
 from test_tool_env import call, play, templated
 
 
@@ -514,7 +514,7 @@ def test_200_episodes_leave_no_process_directory_fd_or_thread(qwen25):
     act_final = templated("No code, sorry.")
     env.reset(seed=0)  # warm up (probe, lazy imports)
     env.step(act_final(env))
-    procs, dirs, fds, threads = sandbox_processes(), sandbox_dirs(), open_fds(), threading.active_count()
+    procs, dirs, fds, threads = sandbox_processes(), sandbox_dirs(), fd_targets(), threading.active_count()
     for i in range(200):
         env.reset(seed=i)
         _, _, term, _, info = env.step((act_shell if i % 2 else act_python)(env))
@@ -525,7 +525,7 @@ def test_200_episodes_leave_no_process_directory_fd_or_thread(qwen25):
     env.close()
     assert sandbox_processes() == procs
     assert sandbox_dirs() == dirs
-    assert open_fds() == fds
+    assert_no_more_fds_than(fds)
     assert threading.active_count() == threads
 
 

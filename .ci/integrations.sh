@@ -15,8 +15,9 @@ cd "$(dirname "$0")/.."
 . .ci/lib.sh
 
 # tokengym's core dependencies (pyproject's, less torch and transformers, which each venv pins) and
-# the test runner's.
-CORE=(gymnasium==1.4.0 numpy==2.4.6 jinja2==3.1.6 tqdm==4.70.1 pyarrow==26.0.1 pytest==9.2.0 hypothesis==6.170.17)
+# the test runner's (pytest-xdist: the suite's options name its --dist).
+CORE=(gymnasium==1.4.0 numpy==2.4.6 jinja2==3.1.6 tqdm==4.70.1 pyarrow==26.0.1 pytest==9.2.0 pytest-xdist==3.8.0
+      hypothesis==6.170.17)
 
 # verl 0.9.1 without its extras (they pin a CUDA torch) and with only what its protocol and
 # core algorithms import.

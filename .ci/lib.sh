@@ -75,7 +75,7 @@ install_uv() {  # uv itself, in a venv of its own (.venv-uv/bin goes on PATH: se
 
 use_uv() { export PATH="$PWD/.venv-uv/bin:$PATH"; }
 
-uv_venv() { uv venv --quiet --python python3 "$1"; }
+uv_venv() { uv venv --quiet --clear --python python3 "$1"; }
 
 uv_install() {
     local venv=$1

@@ -3,7 +3,8 @@
 Tests own their world, so most run beside each other on every core. A test marked ``alone``
 (timing bounds, cgroup limits, whole-machine scans, memory-heavy runs) runs while no other test
 of the run does: every test holds a shared lock across the workers, an ``alone`` test holds it
-exclusively. A run without workers runs exactly as before.
+exclusively. A run without workers runs exactly as before. Each worker gets its share of the
+cores for torch's threads (``OMP_NUM_THREADS``).
 
 ``tests/conftest.py`` imports these hooks and the fixture; ``tests/test_side_by_side.py`` runs a
 small suite with two workers and checks that no ``alone`` test overlapped another.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,18 +28,30 @@ MAX_AUTO_WORKERS = 8
 """``-n auto`` uses one worker per core up to this many (each worker loads tokenizers and models)."""
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown (and unused) where it is not installed
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(os.cpu_count() or 1, MAX_AUTO_WORKERS))
 
 
 LOCKS_VAR = "TOKENGYM_PYTEST_LOCKS"
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""Thread counts a worker sets (unless the caller set them) before torch starts its thread pools."""
 _LOCKS = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """The controller of a run side by side makes the folder of the lock files its workers share
-    (they inherit the variable when they start) and removes it at the end."""
-    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+    (they inherit the variable when they start) and removes it at the end. A worker gets its share
+    of the cores for torch's threads (and its subprocesses, a notebook's kernel, a CLI run): two
+    workers with a thread per core each oversubscribe the machine, and OpenMP's waiting threads
+    spin, which made the model tests twice as slow as one by one."""
+    if hasattr(config, "workerinput"):
+        threads = str(max(1, (os.cpu_count() or 1) // int(config.workerinput["workercount"])))
+        for var in THREAD_VARS:
+            os.environ.setdefault(var, threads)
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    elif getattr(config.option, "numprocesses", None):
         config.stash[_LOCKS] = os.environ[LOCKS_VAR] = tempfile.mkdtemp(prefix="tokengym-pytest-locks-")
 
 

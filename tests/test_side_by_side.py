@@ -1,4 +1,5 @@
-"""The suite's own machinery: ``alone`` tests under two workers, ``@requires`` and ``missing``.
+"""The suite's own machinery: ``alone`` tests under two workers, each worker's thread share,
+``@requires`` and ``missing``.
 
 A small suite of its own runs in a subprocess with ``-n 2`` and the same hooks
 (:mod:`side_by_side`); every test writes when it ran, and the intervals show whether an ``alone``
@@ -44,6 +45,10 @@ def test_alone(i):
 @pytest.mark.requires("THING", "the thing is not here")
 def test_needs_a_thing():
     pass
+
+def test_a_worker_has_its_share_of_the_cores_for_threads():
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        assert os.environ["OMP_NUM_THREADS"] == os.environ["MKL_NUM_THREADS"] == str(max(1, os.cpu_count() // 2))
 '''
 
 
@@ -57,7 +62,8 @@ def run_suite(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> 
     tmp.mkdir()
     # This run's own world: none of an outer run's workers, locks or promises; its own TMPDIR.
     full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("TOKENGYM_REQUIRE_", "TOKENGYM_PYTEST_", "PYTEST_XDIST", "PYTEST_ADDOPTS"))}
+                if not k.startswith(("TOKENGYM_REQUIRE_", "TOKENGYM_PYTEST_", "PYTEST_XDIST", "PYTEST_ADDOPTS"))
+                and k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     full_env.update({"PYTHONPATH": str(HERE), "SIDE_BY_SIDE_LOG": str(log), "TMPDIR": str(tmp), **(env or {})})
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", *args, str(tmp_path)],
@@ -74,7 +80,7 @@ def overlaps(a: tuple, b: tuple) -> bool:
 def test_alone_tests_overlap_no_other_test_and_the_rest_run_side_by_side(tmp_path):
     proc, spans = run_suite(tmp_path, "-n", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "10 passed, 1 skipped" in proc.stdout and "the thing is not here" in proc.stdout, proc.stdout[-2000:]
+    assert "11 passed, 1 skipped" in proc.stdout and "the thing is not here" in proc.stdout, proc.stdout[-2000:]
     assert len(spans) == 10
     alone = [s for s in spans if s[0].startswith("alone")]
     together = [s for s in spans if s[0].startswith("together")]

@@ -19,6 +19,12 @@ from tokengym.policies import OpenAIServerPolicy, SamplingParams
 from tokengym.policies.openai_server import ServerError, ServerUnreachable
 
 
+class _Server(ThreadingHTTPServer):
+    # A listen backlog like a real server's (uvicorn's is 2048), not socketserver's 5: sixteen
+    # connections opened at once on a busy machine overflowed it and the kernel reset some.
+    request_queue_size = 128
+
+
 class Stub:
     """A loopback server: records the requests, answers with ``reply(body)``."""
 
@@ -71,7 +77,7 @@ class Stub:
                     with lock:
                         stub.active -= 1
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 

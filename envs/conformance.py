@@ -234,6 +234,24 @@ def _known_variants(
     yield from _dropped_everywhere(pieces, final)
 
 
+def _prompt_think_dropped(
+    pieces: Sequence[Piece], prompt_only: tuple[str, str] | None
+) -> tuple[tuple[int, ...], list[str]] | None:
+    """The stream as a template writes it whose generation prompt ends with an empty think block
+    (``prompt_only``, see :attr:`ChatRenderer.prompt_only_text`) that no rendered assistant turn
+    shows: the block is gone before every action, but for the part the rendered turn keeps."""
+    if prompt_only is None:
+        return None
+    text, kept = prompt_only
+    texts = [p.text for p in pieces]
+    turns = set()
+    for i, p in enumerate(pieces):
+        if p.kind == "action" and i > 0 and pieces[i - 1].kind != "action" and texts[i - 1].endswith(text):
+            texts[i - 1] = texts[i - 1][: -len(text)] + kept
+            turns.add(p.turn)
+    return (tuple(sorted(turns)), texts) if turns else None
+
+
 def _dropped_everywhere(
     pieces: Sequence[Piece], final: bool
 ) -> Iterator[tuple[tuple[KnownBehaviour, ...], tuple[int, ...], list[str]]]:
@@ -399,6 +417,9 @@ def check_conformance(
     for behaviours, turns, texts in _known_variants(pieces, final):
         if _matches("".join(texts), expected, final, renderer.turn_end_text):
             return _known(turn, behaviours, turns, notes)
+    dropped = _prompt_think_dropped(pieces, renderer.prompt_only_text)
+    if dropped is not None and _matches("".join(dropped[1]), expected, final, renderer.turn_end_text):
+        return _known(turn, (KnownBehaviour.EMPTY_THINK_DROPPED,), dropped[0], notes)
     controls = renderer.control_pattern
     trimmed, turns = _trimmed_actions(pieces, renderer.turn_end_text)
     if turns and _matches("".join(trimmed), expected, final, renderer.turn_end_text):

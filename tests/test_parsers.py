@@ -148,6 +148,7 @@ import warnings  # noqa: E402
 from tokengym.envs import (  # noqa: E402
     DeepSeekParser,
     GraniteParser,
+    KimiK2Parser,
     MistralParser,
     PythonicParser,
     Qwen3CoderParser,
@@ -158,7 +159,7 @@ from tokengym.envs import (  # noqa: E402
 )
 from tokengym.envs.parsers import MAX_ARGUMENT_DEPTH  # noqa: E402
 
-from call_formats import FORMATS, PATHOLOGICAL, VARIANTS, mistral_id, with_argument  # noqa: E402
+from call_formats import FORMATS, PATHOLOGICAL, VARIANTS, kimi_k2, mistral_id, with_argument  # noqa: E402
 
 TWO = [("add", {"a": 1, "b": 2}), ("lookup", {"query": "tea </tool_call> time", "tags": ["x", "y"], "deep": {"k": None}})]
 ONE = TWO[:1]
@@ -179,6 +180,7 @@ def test_every_family_is_registered_under_its_names():
         "qwen3_coder": Qwen3CoderParser,
         "deepseek_v3": DeepSeekParser, "deepseek": DeepSeekParser, "deepseek_r1": DeepSeekParser,
         "mistral": MistralParser, "xlam": XLAMParser, "granite": GraniteParser,
+        "kimi_k2": KimiK2Parser, "kimi": KimiK2Parser,
     }
     for name, cls in expected.items():
         parser = get_parser(name)
@@ -205,6 +207,7 @@ AROUND = {
     "mistral": ("Calling now. ", ""),
     "xlam": ("", "\nTrailing words."),
     "granite": ("Thinking. ", ""),
+    "kimi_k2": ("Let me compute. ", ""),
 }
 
 
@@ -320,6 +323,13 @@ MALFORMED = {
         ('<|tool_call|>[{"name": "add", "arguments": {"a": 1}]', "is not valid JSON"),
         ('<|tool_call|>[{"name": "add", "arguments": [1]}]', '"arguments" must be a JSON object, got array'),
     ],
+    "kimi_k2": [
+        ("<|tool_calls_section_begin|><|tool_calls_section_end|>", "has no <|tool_call_begin|>"),
+        ('<|tool_call_begin|>functions.add:0{"a": 1}<|tool_call_end|>', "has no <|tool_call_argument_begin|>"),
+        ('<|tool_call_begin|>functions.add:0<|tool_call_argument_begin|>{"a": 1}', "is not closed"),
+        ('<|tool_call_begin|>functions.add:0<|tool_call_argument_begin|>{"a": }<|tool_call_end|>', "not valid JSON"),
+        ('<|tool_call_begin|> <|tool_call_argument_begin|>{}<|tool_call_end|>', "has no tool name"),
+    ],
     "llama3_json": [
         ('{"name": "add", "parameters": {"a": 1}} {"name": 5}', 'tool call 2 has no "name" string'),
     ],
@@ -392,6 +402,18 @@ def test_pythonic_never_evaluates(tmp_path):
     assert not call.ok and "too large" in call.error
 
 
+def test_kimi_k2_keeps_the_models_call_id_for_the_result():
+    text = kimi_k2([("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})])
+    parsed = get_parser("kimi_k2").parse(text)
+    assert [p.id for p in parsed] == ["functions.add:0", "functions.add:1"]
+    assert [p.to_call().id for p in parsed] == ["functions.add:0", "functions.add:1"]
+    # A stop before the section's end token still yields the closed calls.
+    (only,) = get_parser("kimi_k2").parse(text.split("<|tool_call_begin|>functions.add:1")[0])
+    assert (only.name, only.arguments) == ("add", {"a": 1, "b": 2})
+    assert detect_parser("{{ '<|tool_calls_section_begin|>' }}") == "kimi_k2"
+    assert call_evidence("<|tool_call_begin|>functions.x:0") is not None
+
+
 def test_mistral_ids():
     parser = MistralParser()
     parsed = parser.parse(FORMATS["mistral"](TWO))
@@ -402,7 +424,7 @@ def test_mistral_ids():
     made = {parser.make_call_id(turn, index) for turn in range(40) for index in range(40)}
     assert len(made) == 1600 and all(len(i) == 9 and i.isalnum() and i.isascii() for i in made)
     assert HermesParser().make_call_id(2, 1) == "call_2_1"
-    assert all(p.id is None for f in FORMATS if f != "mistral" for p in get_parser(f).parse(FORMATS[f](TWO)))
+    assert all(p.id is None for f in FORMATS if f not in ("mistral", "kimi_k2") for p in get_parser(f).parse(FORMATS[f](TWO)))
 
 
 # ----------------------------------------------------------------- detection

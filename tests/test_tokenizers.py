@@ -82,6 +82,7 @@ PINNED_FACTS = {
     "deepseek_v3": (128815, "<｜end▁of▁sentence｜>", ("<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>")),
     "gemma3": (262145, "<end_of_turn>", ("<start_of_turn>",)),
     "mistral_nemo": (131072, "</s>", ("[INST]", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[AVAILABLE_TOOLS]")),
+    "gptoss": (200019, "<|return|>", ("<|start|>", "<|channel|>", "<|message|>", "<|call|>", "<|end|>")),
 }
 SAMPLE = "Hello world: 2+3=5, naïve café 東京 <tool_call> [INST] <｜User｜>\n\n  indented"
 
@@ -205,7 +206,7 @@ def test_a_mistyped_name_offline_fails_at_once_with_the_closest_name(typo, near,
 
 
 def test_no_suggestion_for_a_name_like_none_known():
-    assert tk.suggest_tokenizer("openai/gpt-oss-20b") is None
+    assert tk.suggest_tokenizer("openai/whisper-large-v3") is None
     assert tk.suggest_tokenizer("qwen2_5x") == "qwen2.5"  # an alias is suggested as the name it stands for
 
 

@@ -17,7 +17,9 @@ Each parser knows one model family's format (registered names, aliases in bracke
   newer ``[TOOL_CALLS]NAME[ARGS]{json}``; ids are 9 letters or digits;
 * ``"xlam"``: the turn is a JSON list ``[{"name": ..., "arguments": {...}}]`` (or holds one in a
   ```` ```json ```` fence);
-* ``"granite"``: ``<|tool_call|>[{"name": ..., "arguments": {...}}]``.
+* ``"granite"``: ``<|tool_call|>[{"name": ..., "arguments": {...}}]``;
+* ``"kimi_k2"`` (``"kimi"``): ``<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{json}<|tool_call_end|>``,
+  the model's id (``functions.NAME:0``) kept for the result.
 
 :func:`detect_parser` picks a family from a chat template (:func:`detect_parser_evidence` also
 says what decided it, or that it guessed), :func:`get_parser` resolves a name, an instance or
@@ -30,7 +32,7 @@ tool call (another family's marker, or a call naming one of the episode's tools)
 :class:`~tokengym.envs.ToolEnv` can answer with an error instead of scoring it.
 
 One module per family (``hermes``, ``llama3_json``, ``pythonic``, ``qwen3_coder``, ``deepseek``,
-``mistral``, ``xlam``, ``granite``); ``base`` holds :class:`ToolCallParser` and what every family
+``mistral``, ``xlam``, ``granite``, ``kimi_k2``); ``base`` holds :class:`ToolCallParser` and what every family
 shares, ``registry`` the names and the detection from chat templates, ``evidence``
 :func:`call_evidence`. This package re-exports their public names.
 """
@@ -40,6 +42,7 @@ from .deepseek import DeepSeekParser
 from .evidence import CALL_MARKERS, call_evidence
 from .granite import GraniteParser
 from .hermes import HermesParser
+from .kimi_k2 import KimiK2Parser
 from .llama3_json import Llama3JsonParser
 from .mistral import MistralParser
 from .pythonic import PythonicParser
@@ -56,6 +59,7 @@ __all__ = [
     "DeepSeekParser",
     "GraniteParser",
     "HermesParser",
+    "KimiK2Parser",
     "Llama3JsonParser",
     "MistralParser",
     "ParsedCall",

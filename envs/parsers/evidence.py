@@ -23,6 +23,8 @@ CALL_MARKERS: tuple[str, ...] = (
     "<｜tool▁call▁begin｜>",
     "<|tool_call|>",
     "```tool_code",
+    "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>",
 )
 
 

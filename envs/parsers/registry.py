@@ -17,6 +17,7 @@ from .base import ToolCallParser
 from .deepseek import DeepSeekParser
 from .granite import GraniteParser
 from .hermes import HermesParser
+from .kimi_k2 import KimiK2Parser
 from .llama3_json import Llama3JsonParser
 from .mistral import MistralParser
 from .pythonic import PythonicParser
@@ -42,6 +43,8 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "mistral": MistralParser,
     "xlam": XLAMParser,
     "granite": GraniteParser,
+    "kimi_k2": KimiK2Parser,
+    "kimi": KimiK2Parser,
 }
 
 
@@ -67,6 +70,7 @@ class ParserDetection:
 # holds <tool_call>, pythonic ones may describe JSON tools, and Llama's JSON templates are
 # recognised by their ipython role last.
 _DETECTION: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("kimi_k2", ("<|tool_calls_section_begin|>",)),
     ("deepseek_v3", ("tool▁calls▁begin", "tool▁call▁begin")),
     ("mistral", ("[TOOL_CALLS]",)),
     ("granite", ("<|tool_call|>",)),

@@ -1,5 +1,5 @@
 """``tokengym check-template``: can a tokenizer's chat template be used token-faithfully, turn by
-turn, for a real conversation (and ``fetch-tokenizers``, which caches the pinned ones)."""
+turn, for a real conversation (and ``fetch-tokenizers`` / ``fetch-templates``, which cache the pinned tokenizers and the template corpus)."""
 
 from __future__ import annotations
 
@@ -89,4 +89,15 @@ def cmd_fetch_tokenizers(args: argparse.Namespace) -> int:
 
     for name in args.names or sorted(PINNED_TOKENIZERS):
         print(f"{name}: {fetch_tokenizer(name, force=args.force)}")
+    return 0
+
+
+def cmd_fetch_templates(args: argparse.Namespace) -> int:
+    from tokengym.envs.template_corpus import TEMPLATE_CORPUS, fetch_templates
+
+    folder = fetch_templates(archive=args.archive, force=args.force)
+    names = sorted(p.stem for p in folder.glob("*.jinja"))
+    print(f"{TEMPLATE_CORPUS.spec}: {len(names)} chat templates in {folder}")
+    for name in names:
+        print(f"  {name}")
     return 0

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from typing import Any
 
 
-from .check_template import cmd_check_template, cmd_fetch_tokenizers
+from .check_template import cmd_check_template, cmd_fetch_templates, cmd_fetch_tokenizers
 from .demo import DEMO_OUT, DEMO_REPLAY_OUT, cmd_demo
 from .list_envs import cmd_envs
 from .rollout import EXIT_USAGE, ROLLOUT_EXIT_CODES, cmd_rollout
 
-_PINNED_NAMES = "qwen3, qwen2.5, llama3_1, llama3_2, deepseek_v3, gemma3, mistral_nemo"
+_PINNED_NAMES = "qwen3, qwen2.5, llama3_1, llama3_2, deepseek_v3, gemma3, mistral_nemo, gptoss"
 
 
 class _VersionAction(argparse.Action):
@@ -77,6 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("names", nargs="*", help=f"pinned names, default all: {_PINNED_NAMES}")
     f.add_argument("--force", action="store_true", help="fetch again even when a verified copy is cached")
     f.set_defaults(func=cmd_fetch_tokenizers)
+
+    t = sub.add_parser(
+        "fetch-templates", help="fetch the pinned corpus of the models' own chat templates into the cache",
+        description="Fetch the chat templates of seventy models (the llama-cpp-python sdist's "
+        "vendor/llama.cpp/models/templates, sha256-checked) into the cache, and list them.",
+    )
+    t.add_argument("--archive", help="a local copy of the pinned sdist to extract instead of downloading it")
+    t.add_argument("--force", action="store_true", help="extract again even when a verified copy is cached")
+    t.set_defaults(func=cmd_fetch_templates)
 
     r = sub.add_parser(
         "rollout", help="run episodes of an env with a policy and record them",

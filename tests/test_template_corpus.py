@@ -1,0 +1,159 @@
+"""The corpus of real chat templates (issue: the real templates): the pinned fetch, the pairings,
+and ``docs/templates.md``, whose every row is recomputed here from the template it names.
+
+A row is what a new user gets from the template: built or refused (by name) at construction,
+the keep-mode law on a plain chat and a tool conversation, and whether a call in the template's
+own format reaches the tool. Nothing but a named refusal may come out of the constructor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import socket
+import tarfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from tokengym.envs import template_corpus as tc
+from tokengym.envs import template_matrix as tm
+from tokengym.recorder.cli import main
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "templates.md"
+
+
+@pytest.fixture(scope="module")
+def templates() -> dict[str, str]:
+    return tc.corpus_templates()
+
+
+def test_every_corpus_template_is_paired_with_a_tokenizer(templates):
+    assert len(templates) == tc.TEMPLATE_CORPUS.count == 70
+    assert set(tc.PAIRINGS) == set(templates)
+
+
+def test_a_base_vocabulary_gets_the_templates_control_tokens_as_special_tokens(templates):
+    tok, added = tc.corpus_tokenizer("GLM-4.6")
+    assert {"<|user|>", "<|assistant|>", "<|observation|>", "[gMASK]", "<sop>"} <= set(added)
+    for marker in added:
+        (single,) = tok.encode(marker, add_special_tokens=False)
+        assert tok.added_tokens_decoder[single].special
+    assert tok.chat_template == templates["GLM-4.6"]
+    own, none_added = tc.corpus_tokenizer("Qwen-Qwen3-0.6B")
+    assert none_added == [] and len(own) == len(tc.corpus_tokenizer("Qwen-Qwen3-0.6B")[0])
+    seed, _ = tc.corpus_tokenizer("ByteDance-Seed-OSS")
+    assert (seed.bos_token, seed.eos_token) == ("<seed:bos>", "<seed:eos>")
+
+
+# ---------------------------------------------------------------------------- the fetch
+def _archive(tmp_path: Path, files: dict[str, str], name: str = "corpus.tar.gz") -> tuple[Path, tc.PinnedArchive]:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for path, text in {**files, "pkg/other/x.jinja": "not a template of the folder"}.items():
+            data = text.encode()
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    path = tmp_path / name
+    path.write_bytes(buf.getvalue())
+    lines = "".join(f"{Path(p).name} {hashlib.sha256(t.encode()).hexdigest()}\n" for p, t in sorted(files.items()))
+    pin = tc.PinnedArchive(
+        package="pkg",
+        version="1",
+        url="http://127.0.0.1:9/none.tar.gz",
+        sha256=hashlib.sha256(buf.getvalue()).hexdigest(),
+        folder="pkg/templates/",
+        folder_digest=hashlib.sha256(lines.encode()).hexdigest(),
+        count=len(files),
+    )
+    return path, pin
+
+
+FILES = {"pkg/templates/a.jinja": "{{ messages }}", "pkg/templates/b.jinja": "{{ tools }}"}
+
+
+def test_a_local_archive_is_checked_extracted_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENGYM_CACHE", str(tmp_path / "cache"))
+    path, pin = _archive(tmp_path, FILES)
+    folder = tc.fetch_templates(archive=path, pin=pin)
+    assert sorted(p.name for p in folder.iterdir()) == ["a.jinja", "b.jinja"]
+    path.unlink()  # the verified copy is used without the archive
+    assert tc.fetch_templates(pin=pin) == folder
+    assert tc.corpus_templates(pin=pin) == {"a": "{{ messages }}", "b": "{{ tools }}"}
+
+
+def test_a_cached_template_that_changed_is_extracted_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENGYM_CACHE", str(tmp_path / "cache"))
+    path, pin = _archive(tmp_path, FILES)
+    folder = tc.fetch_templates(archive=path, pin=pin)
+    (folder / "a.jinja").write_text("{{ tampered }}")
+    monkeypatch.setenv("TOKENGYM_TEMPLATE_ARCHIVE", str(path))
+    assert tc.fetch_templates(pin=pin) == folder
+    assert (folder / "a.jinja").read_text() == "{{ messages }}"
+
+
+def test_an_archive_with_another_checksum_or_content_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENGYM_CACHE", str(tmp_path / "cache"))
+    path, pin = _archive(tmp_path, FILES)
+    with pytest.raises(tc.TemplateFetchError, match="refusing to use it"):
+        tc.fetch_templates(archive=path, pin=replace(pin, sha256="0" * 64))
+    with pytest.raises(tc.TemplateFetchError, match="holds 2 templates"):
+        tc.fetch_templates(archive=path, pin=replace(pin, folder_digest="0" * 64))
+    with pytest.raises(tc.TemplateFetchError, match="no such archive"):
+        tc.fetch_templates(archive=tmp_path / "missing.tar.gz", pin=pin)
+    assert not (tmp_path / "cache" / "templates" / pin.sha256[:16]).exists()
+
+
+def test_a_failed_download_names_the_way_around_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENGYM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TOKENGYM_TEMPLATE_ARCHIVE", raising=False)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _, pin = _archive(tmp_path, FILES)
+    with pytest.raises(tc.TemplateFetchError, match="TOKENGYM_TEMPLATE_ARCHIVE"):
+        tc.fetch_templates(pin=replace(pin, url=f"http://127.0.0.1:{port}/x.tar.gz"))
+
+
+def test_cli_fetch_templates_lists_the_corpus(templates, capsys):
+    assert main(["fetch-templates"]) == 0
+    out = capsys.readouterr().out
+    assert f"{tc.TEMPLATE_CORPUS.spec}: 70 chat templates" in out
+    assert "  openai-gpt-oss-120b\n" in out and "  GLM-4.6\n" in out
+
+
+def test_cli_fetch_templates_reports_a_bad_archive(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TOKENGYM_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "x.tar.gz").write_bytes(b"not the sdist")
+    assert main(["fetch-templates", "--archive", str(tmp_path / "x.tar.gz"), "--force"]) == 2
+    assert "refusing to use it" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- the matrix
+def _committed() -> dict[str, list[str]]:
+    return tm.table_rows(PAGE.read_text(encoding="utf-8"))
+
+
+def test_the_page_lists_every_template_and_its_counts_match_its_rows(templates):
+    page = PAGE.read_text(encoding="utf-8")
+    rows = _committed()
+    assert list(rows) == list(templates)
+    assert tm.markdown([tm.Row.from_cells(c) for c in rows.values()]) == page
+
+
+@pytest.mark.parametrize("name", sorted(tc.PAIRINGS))
+def test_each_templates_row_is_what_the_template_does_now(name, templates):
+    row = tm.matrix_row(name, templates[name])
+    assert row.build != "other", f"{name}: refused for a reason the matrix cannot name"
+    assert not any(c.startswith("error:") for c in row.cells()), f"{name}: an exception escaped: {row}"
+    assert row.cells() == _committed()[name], (
+        f"{name}: docs/templates.md is out of date; run python -m tokengym.envs.template_matrix --write docs/templates.md"
+    )
+
+
+def test_the_readme_quotes_the_pages_counts():
+    page = PAGE.read_text(encoding="utf-8")
+    (counts,) = [line for line in page.splitlines() if line.startswith("**") and " work**" in line]
+    readme = (PAGE.parents[1] / "README.md").read_text(encoding="utf-8")
+    assert counts.rstrip(":") + "." in " ".join(readme.split()), "README's template counts differ from docs/templates.md"

@@ -710,8 +710,12 @@ class ChatRenderer:
             # the model writes its reasoning, closes the block, then the turn as history has it.
             start = opened
             lead = str(message.get("reasoning_content") or "").strip("\n") + "\n</think>\n\n"
-        elif (common := _first_difference(prefix, text)) >= len(self._history(tools)) and common < len(prefix) and (
-            self.generation_prompt and not text[common:].startswith(self.generation_prompt)
+        elif (
+            not message.get("reasoning_content")  # reasoning after a prompt that closed the think block: no turn
+            and (common := _first_difference(prefix, text)) >= len(self._history(tools))
+            and common < len(prefix)
+            and self.generation_prompt
+            and not text[common:].startswith(self.generation_prompt)
         ):
             # The generation prompt ends with text the rendered turn lacks (an empty think block:
             # QwQ, R1 distills, DeepSeek V3.2, Gemma 4's thought channel): the model writes after it,

@@ -119,23 +119,20 @@ HEADER = ["template", "tokenizer", "builds", "parser", "chat law", "tool law", "
 
 
 def _law(tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]) -> str:
-    from ..recorder import RecordEpisodes
     from .replay import ReplayEnv
 
     try:
-        env = RecordEpisodes(
-            ReplayEnv(
-                tokenizer,
-                {"messages": messages, "tools": tools or []},
-                template_kwargs=kwargs,
-                conformance="warn",
-                conformance_schedule="every_turn",
-            )
+        env = ReplayEnv(
+            tokenizer,
+            {"messages": messages, "tools": tools or []},
+            template_kwargs=kwargs,
+            conformance="warn",
+            conformance_schedule="every_turn",
         )
         env.reset(seed=0)
         done, infos = False, []
         while not done:
-            _, _, term, trunc, info = env.step(env.unwrapped.reference_action())
+            _, _, term, trunc, info = env.step(env.reference_action())
             infos.append(info)
             done = term or trunc
     except TemplateError as err:
@@ -155,6 +152,8 @@ def _call_runs(env: Any, info: dict[str, Any]) -> str:
 
     try:
         action = env.renderer.assistant({"role": "assistant", "content": "", "tool_calls": [_CALL]}, info["tools"])
+        if not action.text[: len(action.text) - len(env.renderer.turn_end_text)].strip():
+            return "no: the template renders no calls"
         obs, _, _, _, step_info = env.step(np.array(action.ids))
     except TemplateError as err:
         return f"refused: {refusal_reason(str(err))}"

@@ -120,6 +120,20 @@ def test_broken_template_is_a_template_error(qwen25):
         ChatRenderer(qwen25, chat_template="{{ raise_exception('boom') }}")
 
 
+def test_a_render_error_names_the_conversation_and_the_templates_line(qwen25):
+    # Line 3 iterates over tools without checking them, as Hermes 3's tool-use template does.
+    template = "{{- bos_token }}\n{{- 'x' }}\n{%- for t in tools %}{{ t }}{% endfor %}\n{%- for m in messages %}{{ m.content }}{% endfor %}"
+    with pytest.raises(TemplateError) as err:
+        ChatRenderer(qwen25, chat_template=template.replace("{%- for t in tools %}", "{{ no_such_variable.x }}{%- for t in [] %}"))
+    message = str(err.value)
+    assert "[user, assistant] without tools at line 3 of the template" in message and "UndefinedError" in message
+    # A template that renders only with tools is probed with one, and says so without them.
+    r = ChatRenderer(qwen25, chat_template=template)
+    assert r.tools_required
+    with pytest.raises(TemplateError, match="renders only with tools"):
+        r.prompt([{"role": "user", "content": "hi"}])
+
+
 def test_template_that_drops_assistant_content_is_refused(qwen25):
     template = "{% for m in messages %}{% if m.role != 'assistant' %}{{ m.content }}{% endif %}{% endfor %}"
     with pytest.raises(TemplateError, match="verbatim.*CHATML_TOOLS"):

@@ -110,6 +110,12 @@ def _alternation(strings: Sequence[str]) -> str:
     return build(trie)
 
 
+def _repeated_ending(rest: str, turn: str) -> int:
+    """How many characters of ``rest``'s end ``turn`` starts with (the part of a generation
+    prompt's extra text that the rendered turn repeats: DeepSeek V3.2's ``</think>``)."""
+    return next((k for k in range(min(len(rest), len(turn)), 0, -1) if rest.endswith(turn[:k])), 0)
+
+
 def _template_line(err: BaseException) -> int | None:
     """The line of the chat template a Jinja error was raised at (the last template frame)."""
     line = getattr(err, "lineno", None)
@@ -244,6 +250,7 @@ class ChatRenderer:
         self._histories: dict[str, str] = {}
         self._capabilities: dict[str, str | None] = {}
         self._turn_controls: frozenset[str] | None = None
+        self._prompt_only: tuple[str, str] | None | bool = False  # False: not probed yet (picklable)
         self._probe()
 
     # ------------------------------------------------------------------ probing
@@ -662,22 +669,20 @@ class ChatRenderer:
         turn does not show (an empty think block the model writes after: QwQ, R1 distills, DeepSeek
         V3.2, Gemma 4's thought channel) except for its ending ``kept`` (V3.2 keeps ``</think>``);
         ``None`` when the rendered turn starts with the whole generation prompt."""
-        if not hasattr(self, "_prompt_only"):
-            found: tuple[str, str] | None = None
-            user = {"role": "user", "content": SENTINEL_USER}
-            try:
-                prefix = self.render_text([user], add_generation_prompt=True)
-                text = self.render_text([user, {"role": "assistant", "content": SENTINEL_ASSISTANT}], add_generation_prompt=False)
-            except TemplateError:
-                prefix = text = ""
-            common = _first_difference(prefix, text)
-            history = self.render_text([user], add_generation_prompt=False) if prefix else ""
-            if prefix and not text.startswith(prefix) and history and common >= len(history):
-                rest, turn = prefix[common:], text[common:]
-                overlap = next((k for k in range(min(len(rest), len(turn)), 0, -1) if rest.endswith(turn[:k])), 0)
-                found = (rest, turn[:overlap])
-            self._prompt_only = found
-        return self._prompt_only
+        if self._prompt_only is not False:
+            return self._prompt_only  # type: ignore[return-value]
+        found: tuple[str, str] | None = None
+        tools = [PROBE_TOOL] if self.tools_required else None
+        user = {"role": "user", "content": SENTINEL_USER}
+        history = self._history(tools)
+        prefix = history + self.generation_prompt  # the probe checked that the prompt only appends
+        text = self.render_text([user, {"role": "assistant", "content": SENTINEL_ASSISTANT}], tools, add_generation_prompt=False)
+        common = _first_difference(prefix, text)
+        if not text.startswith(prefix) and common >= len(history):
+            rest, turn = prefix[common:], text[common:]
+            found = (rest, turn[: _repeated_ending(rest, turn)])
+        self._prompt_only = found
+        return found
 
     def _opened_think(self, prefix: str, text: str, tools: Sequence[Any] | None) -> int | None:
         """Where the assistant turn starts in ``text`` when the generation prompt (the end of
@@ -720,9 +725,7 @@ class ChatRenderer:
             # The generation prompt ends with text the rendered turn lacks (an empty think block:
             # QwQ, R1 distills, DeepSeek V3.2, Gemma 4's thought channel): the model writes after it,
             # so the turn starts after whatever of that text the rendered turn repeats.
-            rest, turn = prefix[common:], text[common:]
-            overlap = next((k for k in range(min(len(rest), len(turn)), 0, -1) if rest.endswith(turn[:k])), 0)
-            start = common + overlap
+            start = common + _repeated_ending(prefix[common:], text[common:])
         else:  # the template's opening depends on the conversation: find the turn's start itself
             found = text.find(self.generation_prompt, text.find(SENTINEL_USER))
             if found < 0 or not self.generation_prompt:

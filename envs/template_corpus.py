@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .tokenizers import _file_lock, _sha256, cache_dir
+from .tokenizers import _sha256, cache_dir, fetch_once
 
 __all__ = ["TEMPLATE_CORPUS", "PinnedArchive", "TemplateFetchError", "corpus_templates", "fetch_templates", "folder_digest"]
 
@@ -86,13 +86,8 @@ def fetch_templates(*, archive: str | os.PathLike[str] | None = None, force: boo
     extract instead of downloading it. A cached folder whose files no longer match is fetched again.
     """
     target = _target(pin)
-    if not force and _verified(pin, target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.parent / f".{pin.sha256[:16]}.lock"):
-        if not force and _verified(pin, target):
-            return target
-        return _fetch(pin, target, archive or os.environ.get("TOKENGYM_TEMPLATE_ARCHIVE") or None)
+    local = archive or os.environ.get("TOKENGYM_TEMPLATE_ARCHIVE") or None
+    return fetch_once(target, lambda: _verified(pin, target), lambda: _fetch(pin, target, local), force=force)
 
 
 def _download(pin: PinnedArchive, dest: Path) -> None:
@@ -171,7 +166,8 @@ class Pairing:
 
     @property
     def label(self) -> str:
-        return self.tokenizer if self.own else f"{self.tokenizer} vocabulary + the template's control tokens"
+        """The tokenizer as the matrix names it: ``"qwen3"`` or, for a base vocabulary, ``"qwen3 (base)"``."""
+        return self.tokenizer if self.own else f"{self.tokenizer} (base)"
 
 
 _QWEN3 = Pairing("qwen3", own=True)
@@ -280,7 +276,7 @@ def corpus_tokenizer(name: str, template: str | None = None) -> tuple[Any, list[
     pairing = PAIRINGS.get(name)
     if pairing is None:
         raise KeyError(f"no pairing for corpus template {name!r}; known: {sorted(PAIRINGS)}")
-    text = template if template is not None else corpus_templates()[name]
+    text = template if template is not None else (fetch_templates() / f"{name}.jinja").read_text(encoding="utf-8")
     tok = load_tokenizer(pairing.tokenizer)  # a pinned name loads a new object: ours to change
     added: list[str] = []
     if not pairing.own or pairing.controls or pairing.bos or pairing.eos:

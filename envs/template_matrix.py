@@ -173,13 +173,12 @@ def matrix_row(name: str, template: str | None = None) -> Row:
     pairing = PAIRINGS[name]
     tokenizer, added = corpus_tokenizer(name, template)
     kwargs = dict(pairing.template_kwargs)
-    label = pairing.tokenizer if pairing.own else f"{pairing.tokenizer} (base)"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             env = CalculatorEnv(tokenizer, template_kwargs=kwargs)
         except TemplateError as err:
-            return Row(name, label, len(added), refusal_reason(str(err)))
+            return Row(name, pairing.label, len(added), refusal_reason(str(err)))
     guessed = any("guessed" in str(w.message) for w in caught)
     parser = env.parser.name + (" (guessed)" if guessed else "")
     schemas = [t.schema for t in expand_tools(env.static_tools)]
@@ -192,7 +191,7 @@ def matrix_row(name: str, template: str | None = None) -> Row:
         call = f"refused: {refusal_reason(str(err))}"
     finally:
         env.close()
-    return Row(name, label, len(added), "yes", parser, chat, tool, call)
+    return Row(name, pairing.label, len(added), "yes", parser, chat, tool, call)
 
 
 def markdown(rows: Sequence[Row]) -> str:

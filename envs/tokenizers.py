@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,15 +210,20 @@ def fetch_tokenizer(name: str, *, force: bool = False) -> Path:
     if pin is None:
         raise KeyError(f"unknown pinned tokenizer {name!r}; known: {sorted(PINNED_TOKENIZERS)}")
     target = cache_dir() / "tokenizers" / pin.name
-    if not force and _verified(pin, target):
+    return fetch_once(target, lambda: _verified(pin, target), lambda: _fetch(pin, target), force=force)
+
+
+def fetch_once(target: Path, verified: Callable[[], bool], fetch: Callable[[], Path], *, force: bool = False) -> Path:
+    """``target`` when ``verified()``, else ``fetch()``: one fetch at a time per target, across
+    processes (test workers, env workers started together), and whoever waited finds the folder
+    verified and uses it as it is."""
+    if not force and verified():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    # One fetch at a time per tokenizer, across processes (test workers, env workers started
-    # together): whoever waited finds the folder verified and uses it as it is.
-    with _file_lock(target.parent / f".{pin.name}.lock"):
-        if not force and _verified(pin, target):
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if not force and verified():
             return target
-        return _fetch(pin, target)
+        return fetch()
 
 
 @contextlib.contextmanager

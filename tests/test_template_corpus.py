@@ -157,3 +157,15 @@ def test_the_readme_quotes_the_pages_counts():
     (counts,) = [line for line in page.splitlines() if line.startswith("**") and " work**" in line]
     readme = (PAGE.parents[1] / "README.md").read_text(encoding="utf-8")
     assert counts.rstrip(":") + "." in " ".join(readme.split()), "README's template counts differ from docs/templates.md"
+
+
+def test_unknown_names_are_clear_errors(templates, capsys):
+    with pytest.raises(KeyError, match="no pairing for corpus template 'GLM-9'"):
+        tc.corpus_tokenizer("GLM-9")
+    with pytest.raises(SystemExit) as exit_:
+        tm.main(["GLM-9"])
+    assert exit_.value.code == 2 and "not in the corpus: GLM-9" in capsys.readouterr().err
+    # A refusal the matrix has no name for shows as "other", which the row test refuses.
+    assert tm.refusal_reason("something new") == "other"
+    assert tm.refusal_reason("the chat template failed to render [user] without tools at line 7 of the template: "
+                             "TypeError: x") == "the template raises TypeError (line 7)"

@@ -221,6 +221,45 @@ class ToolCallParser:
             return [self._error(first, raw, "is an empty list")], end
         return [self._from_object(first + i, _dumps(v), v) for i, v in enumerate(value)], end
 
+    def _sectioned(
+        self,
+        text: str,
+        markers: tuple[str, str, str, str],
+        one: Callable[[int, str], ParsedCall],
+    ) -> list[ParsedCall]:
+        """The calls of a format that wraps them in a section of begin/end-marked calls
+        (``markers``: section begin, section end, call begin, call end; DeepSeek's, Kimi K2's):
+        ``one(index, body)`` reads a call's body. A missing section end (a stop before it) ends
+        the section at the text's end; an unclosed call is an error attempt, and reading goes
+        on at the next call."""
+        section_begin, section_end, call_begin, call_end = markers
+        begin = text.find(section_begin)
+        first = text.find(call_begin)
+        if begin < 0 and first < 0:
+            return []
+        pos = begin + len(section_begin) if begin >= 0 else first
+        stop = text.find(section_end, pos)
+        stop = len(text) if stop < 0 else stop
+        calls: list[ParsedCall] = []
+        while True:
+            start = text.find(call_begin, pos, stop)
+            if start < 0:
+                if not calls:
+                    calls.append(self._error(0, text[pos:stop].strip(), f"has no {call_begin} after {section_begin}"))
+                return calls
+            body = start + len(call_begin)
+            end = text.find(call_end, body, stop)
+            nxt = text.find(call_begin, body, stop)
+            if end < 0 or 0 <= nxt < end:
+                raw = text[body : nxt if nxt >= 0 else stop].strip()
+                calls.append(self._error(len(calls), raw, f"is not closed: {call_begin} without {call_end}"))
+                if nxt < 0:
+                    return calls
+                pos = nxt
+                continue
+            calls.append(one(len(calls), text[body:end]))
+            pos = end + len(call_end)
+
     def _from_object(self, index: int, raw: str, obj: Any) -> ParsedCall:
         return self._call(index, raw, obj, decoded=True)
 

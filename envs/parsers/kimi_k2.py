@@ -37,32 +37,7 @@ class KimiK2Parser(ToolCallParser):
         return f"functions.call:{index}"
 
     def _parse(self, text: str, schemas: Schemas) -> list[ParsedCall]:
-        begin = text.find(self.section_begin)
-        first = text.find(self.call_begin)
-        if begin < 0 and first < 0:
-            return []
-        pos = begin + len(self.section_begin) if begin >= 0 else first
-        stop = text.find(self.section_end, pos)
-        stop = len(text) if stop < 0 else stop
-        calls: list[ParsedCall] = []
-        while True:
-            start = text.find(self.call_begin, pos, stop)
-            if start < 0:
-                if not calls:
-                    calls.append(self._error(0, text[pos:stop].strip(), f"has no {self.call_begin} after {self.section_begin}"))
-                return calls
-            body = start + len(self.call_begin)
-            end = text.find(self.call_end, body, stop)
-            nxt = text.find(self.call_begin, body, stop)
-            if end < 0 or 0 <= nxt < end:
-                raw = text[body : nxt if nxt >= 0 else stop].strip()
-                calls.append(self._error(len(calls), raw, f"is not closed: {self.call_begin} without {self.call_end}"))
-                if nxt < 0:
-                    return calls
-                pos = nxt
-                continue
-            calls.append(self._one(len(calls), text[body:end]))
-            pos = end + len(self.call_end)
+        return self._sectioned(text, (self.section_begin, self.section_end, self.call_begin, self.call_end), self._one)
 
     def _one(self, index: int, body: str) -> ParsedCall:
         raw = body.strip()

@@ -662,7 +662,6 @@ class ChatRenderer:
             )
         return None
 
-
     @property
     def prompt_only_text(self) -> tuple[str, str] | None:
         """``(text, kept)`` when the generation prompt ends with ``text`` that a rendered assistant

@@ -16,8 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tokengym.envs import template_corpus as tc
 from tokengym.envs import load_tokenizer
+from tokengym.envs import template_corpus as tc
 from tokengym.envs import template_matrix as tm
 from tokengym.recorder.cli import main
 

@@ -1,8 +1,9 @@
 """The models' own chat templates, fetched pinned and checksummed: the world the token law is tested in.
 
 A template written in a family's style tests our idea of the family, not the family. The
-llama-cpp-python sdist on PyPI carries the chat templates of seventy models, copied from
-their own repositories (``vendor/llama.cpp/models/templates/*.jinja``). :func:`fetch_templates`
+llama-cpp-python sdist on PyPI carries seventy chat templates (``vendor/llama.cpp/models/templates/*.jinja``),
+which llama.cpp fetches from the models' own repositories (a few are its own fixes, named so:
+``llama-cpp-deepseek-r1``, ``...-fixed``). :func:`fetch_templates`
 downloads that one archive, checks its sha256, extracts only the templates folder into the cache
 (``$TOKENGYM_CACHE/templates/<archive sha256>/``) and checks the extracted files against a pinned
 digest of the folder, so a cached copy that changed is fetched again and nothing is ever committed.

@@ -398,9 +398,9 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         return arr.astype(np.int64, copy=True)
 
     def _split_closing(self, ids: np.ndarray) -> tuple[np.ndarray, ClosedBy]:
-        end = self.renderer.turn_end_ids
-        if end and len(ids) >= len(end) and tuple(ids[-len(end) :].tolist()) == end:
-            return ids[: -len(end)], "end_of_turn"
+        for end in self.renderer.turn_ends:  # a plain turn's end, or a call turn's (gpt-oss: <|call|>)
+            if len(ids) >= len(end) and tuple(ids[-len(end) :].tolist()) == end:
+                return ids[: -len(end)], "end_of_turn"
         if int(ids[-1]) in self.renderer.stop_token_ids:
             return ids[:-1], "eos"
         if ends_with_stop_string(ids, self.stop_strings, self.renderer.tokenizer):

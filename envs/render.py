@@ -277,17 +277,33 @@ class ChatRenderer:
                 "what the model wrote), so actions cannot be kept token for token: "
                 "pass chat_template=tokengym.envs.templates.CHATML_TOOLS or another template that does"
             )
-        tail_ids = self.encode(text[at + len(SENTINEL_ASSISTANT) :])
-        n = 0
-        while n < len(tail_ids) and tail_ids[n] in self.special_ids:
-            n += 1
-        #: Token ids the template puts right after an assistant message's content.
-        self.turn_end_ids: tuple[int, ...] = tuple(tail_ids[:n])
+        tail = text[at + len(SENTINEL_ASSISTANT) :]
+        #: Turn ends that are the next message's opening (the template leaves a last turn open).
+        self._open_ends: set[tuple[int, ...]] = set()
+        followed = self._followed(pair, {"role": "user", "content": SENTINEL_FOLLOWUP}, tools)
+        #: Token ids a model writes to end a plain assistant turn (what the template puts right
+        #: after the content of a last assistant message, or, where it leaves that turn open, the
+        #: token that opens the next message: GLM's ``<|user|>``, which GLM models stop on).
+        self.turn_end_ids: tuple[int, ...] = self._sampled_end(tail, followed)
         self.turn_end_text: str = self.decode(self.turn_end_ids)
+        #: What the template writes at that place once another message follows (gpt-oss's
+        #: ``<|end|>`` for a final answer ended by ``<|return|>``); usually ``turn_end_text``.
+        self.turn_end_written: str = self._written_end(self.turn_end_text, followed)
+        #: The same for an assistant turn with tool calls (gpt-oss's ``<|call|>``, GLM's
+        #: ``<|observation|>``, Apertus's ``<|tools_suffix|>``): the plain turn's end where the
+        #: template closes a turn with calls as any other turn.
+        self.call_end_ids, self.call_end_written = self._call_end()
+        self.call_end_text: str = self.decode(self.call_end_ids)
         eos = getattr(self.tokenizer, "eos_token_id", None)
-        #: Token ids a policy should stop on (the end-of-turn token, then EOS).
+        #: Token ids a policy should stop on (the end-of-turn tokens, then EOS).
         self.stop_token_ids: tuple[int, ...] = tuple(
-            dict.fromkeys([*self.turn_end_ids[-1:], *([eos] if isinstance(eos, int) else [])])
+            dict.fromkeys(
+                [*self.turn_end_ids[-1:], *self.call_end_ids[-1:], *([eos] if isinstance(eos, int) else [])]
+            )
+        )
+        #: Every way a model ends a turn, longest first (the plain turn's and the call turn's).
+        self.turn_ends: tuple[tuple[int, ...], ...] = tuple(
+            sorted({e for e in (self.turn_end_ids, self.call_end_ids) if e}, key=len, reverse=True)
         )
         with_prompt = self.render_text([user], tools, add_generation_prompt=True)
         without = self.render_text([user], tools, add_generation_prompt=False)
@@ -299,6 +315,72 @@ class ChatRenderer:
             )
         #: The text the template appends for ``add_generation_prompt=True``.
         self.generation_prompt: str = with_prompt[len(without) :]
+
+    def _leading_specials(self, text: str) -> tuple[int, ...]:
+        """The special-token ids ``text`` starts with, after its leading whitespace."""
+        ids = self.encode(text.lstrip())
+        n = 0
+        while n < len(ids) and ids[n] in self.special_ids:
+            n += 1
+        return tuple(ids[:n])
+
+    def _followed(self, turn: Sequence[Message], message: Message, tools: Sequence[Any] | None) -> str | None:
+        """The text between the content of ``turn``'s last (assistant) message and ``message``'s
+        content when ``message`` follows it; ``None`` when that cannot be rendered."""
+        sentinel = str(message.get("content"))
+        try:
+            text = self.render_text([*turn, message], tools, add_generation_prompt=False)
+        except TemplateError:
+            return None
+        start, stop = text.find(SENTINEL_ASSISTANT), text.find(sentinel)
+        return text[start + len(SENTINEL_ASSISTANT) : stop] if 0 <= start < stop else None
+
+    def _sampled_end(self, last: str, followed: str | None) -> tuple[int, ...]:
+        """The ids a model writes to end a turn whose rendered text, as the last message, ends
+        with ``last``: the special tokens there, else (an open turn) the first special token of
+        ``followed``, the next message's opening."""
+        closing = self._leading_specials(last)
+        if closing or followed is None:
+            return closing
+        opening = self._leading_specials(followed)[:1]
+        if opening:
+            self._open_ends.add(opening)
+        return opening
+
+    def _written_end(self, sampled: str, followed: str | None) -> str:
+        """What the template writes where a model wrote ``sampled`` once a message follows: the
+        same text, or the first special token there when it writes another one (``<|end|>``)."""
+        if not sampled or followed is None or sampled in followed:
+            return sampled
+        other = self._leading_specials(followed)[:1]
+        return self.decode(other) if other else sampled
+
+    def _call_end(self) -> tuple[tuple[int, ...], str]:
+        """``(ids a model writes to end a turn with tool calls, what the template writes there
+        before the tool results)``: the plain turn's end where the template closes such a turn
+        with it, else the last special token after the calls when the turn is last, else (open)
+        the first special token of the tool results' opening."""
+        plain = (self.turn_end_ids, self.turn_end_written)
+        user = {"role": "user", "content": SENTINEL_USER}
+        call = {"id": PROBE_CALL_ID, "type": "function", "function": {"name": "tokengym_probe", "arguments": {"x": 1}}}
+        turn = [user, {"role": "assistant", "content": SENTINEL_ASSISTANT, "tool_calls": [call]}]
+        result = {"role": "tool", "content": SENTINEL_TOOL, "tool_call_id": PROBE_CALL_ID, "name": "tokengym_probe"}
+        followed = self._followed(turn, result, [PROBE_TOOL])
+        try:
+            last = self.render_text(turn, [PROBE_TOOL], add_generation_prompt=False).rstrip()
+        except TemplateError:
+            return plain
+        calls = last[last.find(SENTINEL_ASSISTANT) + len(SENTINEL_ASSISTANT) :]
+        if followed is None or not followed.startswith(calls):  # the turn renders otherwise once results follow
+            return plain
+        ids = self.encode(calls)
+        if ids and ids[-1] in self.special_ids:
+            closing: tuple[int, ...] = (ids[-1],)
+        else:
+            closing = self._sampled_end("", followed[len(calls) :])
+        if not closing:
+            return plain
+        return closing, self.decode(closing)  # the template writes it as the model did: the results follow
 
     # ------------------------------------------------------------ text <-> ids
     def encode(self, text: str) -> list[int]:
@@ -349,7 +431,7 @@ class ChatRenderer:
                 turn = text[len(self._history(tools)) :] if text.startswith(self._history(tools)) else ""
                 if self._special_re is not None:
                     found.update(m.group(0) for m in self._special_re.finditer(turn))
-            found -= {self.turn_end_text, self.generation_prompt.strip()}
+            found -= {self.turn_end_text, self.turn_end_written, self.call_end_text, self.generation_prompt.strip()}
             found -= {str(self.tokenizer.convert_ids_to_tokens(i)) for i in self.stop_token_ids}
             self._turn_controls = frozenset(t for t in found if t and t not in self.generation_prompt)
         return self._turn_controls
@@ -531,11 +613,14 @@ class ChatRenderer:
             self._histories[key] = text
         return text
 
-    def _after_assistant(self, text: str, history: str) -> tuple[int, int, str | None]:
+    def _after_assistant(self, text: str, history: str, ends: Sequence[str], found: list[str]) -> tuple[int, int, str | None]:
         """Where the bridge starts in ``text`` (``[user, assistant] + new``): right after the
-        assistant's end-of-turn. The assistant's content is never looked for."""
-        end_text = self.turn_end_text
-        if not end_text:  # no end-of-turn token to count: the content must be there
+        assistant's end-of-turn as the template writes it there: the first of ``ends`` that it
+        writes (appended to ``found``). A template that leaves a last turn open writes the next
+        message's opening there, which depends on that message (GLM: ``<|observation|>`` before tool
+        results, ``<|user|>`` before a user message). The assistant's content is never looked for."""
+        ends = [e for e in dict.fromkeys(ends) if e]
+        if not ends:  # no end-of-turn token to count: the content must be there
             at = text.find(SENTINEL_ASSISTANT)
             if at < 0:
                 raise TemplateError(
@@ -543,30 +628,35 @@ class ChatRenderer:
                     "rendering the new messages, so the observation cannot be cut: pass a chat_template "
                     "that closes turns with a special token (e.g. tokengym.envs.templates.CHATML_TOOLS)"
                 )
+            found.append("")
             return at + len(SENTINEL_ASSISTANT), len(text), None
         note = None
-        if text.startswith(history):
-            end_at = text.find(end_text, len(history))
-        else:
-            # The new messages changed the text before the assistant turn: find the turn by the
-            # number of end-of-turn tokens before it, which such rewrites keep.
+        prefix_stable = text.startswith(history)
+        if not prefix_stable:
             at = _first_difference(history, text)
             note = (
                 f"appending the new messages changes the template's text before the assistant turn at "
                 f"character {at}: {history[at : at + 40]!r} becomes {text[at : at + 40]!r}"
             )
-            end_at = -1
-            for _ in range(history.count(end_text) + 1):
-                end_at = text.find(end_text, end_at + 1)
-                if end_at < 0:
-                    break
-        if end_at < 0:
-            raise TemplateError(
-                f"the template did not close the assistant turn with {end_text!r} (the end-of-turn token "
-                "of a plain assistant message) when rendering the new messages; pass a chat_template that "
-                "ends every assistant turn the same way (e.g. tokengym.envs.templates.CHATML_TOOLS)"
-            )
-        return end_at + len(end_text), len(text), note
+        for end_text in ends:
+            if prefix_stable:
+                end_at = text.find(end_text, len(history))
+            else:
+                # The new messages changed the text before the assistant turn: find the turn by the
+                # number of end-of-turn tokens before it, which such rewrites keep.
+                end_at = -1
+                for _ in range(history.count(end_text) + 1):
+                    end_at = text.find(end_text, end_at + 1)
+                    if end_at < 0:
+                        break
+            if end_at >= 0:
+                found.append(end_text)
+                return end_at + len(end_text), len(text), note
+        raise TemplateError(
+            f"the template did not close the assistant turn with {ends[0]!r} (the end-of-turn token "
+            "of a plain assistant message) when rendering the new messages; pass a chat_template that "
+            "ends every assistant turn the same way (e.g. tokengym.envs.templates.CHATML_TOOLS)"
+        )
 
     def observation(
         self,
@@ -589,21 +679,24 @@ class ChatRenderer:
             # Ids and names steer templates that pair calls with results; the arguments are
             # rendered before the cut, and text in them must not look like an end of turn.
             assistant["tool_calls"] = [_without_arguments(c) for c in assistant_tool_calls]
-        if assistant_tool_calls and not self.turn_end_text:
-            self.require("tool_results")  # without an end-of-turn token the calls could land in the cut
+        ends = [(self.turn_end_ids, self.turn_end_written), (self.call_end_ids, self.call_end_written)]
+        if assistant_tool_calls:
+            ends.reverse()
+            if not self.call_end_written:
+                self.require("tool_results")  # without an end-of-turn token the calls could land in the cut
         base = [{"role": "user", "content": SENTINEL_USER}, assistant]
         history = self._history(tools)
+        found: list[str] = []
         bridge = self._render_ids(
             [*base, *new_messages],
             tools,
             add_generation_prompt=add_generation_prompt,
-            cut=lambda text: self._after_assistant(text, history),
+            cut=lambda text: self._after_assistant(text, history, [w for _, w in ends], found),
         )
         if closed:
             return bridge
-        return Rendered(
-            self.turn_end_text + bridge.text, [*self.turn_end_ids, *bridge.ids], bridge.rewrites_history
-        )
+        sampled = next((ids for ids, w in ends if w == found[-1]), ())
+        return Rendered(self.decode(sampled) + bridge.text, [*sampled, *bridge.ids], bridge.rewrites_history)
 
     # ------------------------------------------------------------ capabilities
     def capability(self, construct: str) -> str | None:
@@ -648,7 +741,7 @@ class ChatRenderer:
             obs = self.observation(new, tools, **kwargs)
         except TemplateError as err:
             return str(err)
-        if construct == "tool_results" and not self.turn_end_text and obs.text != self.observation(new, tools).text:
+        if construct == "tool_results" and not self.call_end_text and obs.text != self.observation(new, tools).text:
             return (
                 "the observation cut after the assistant turn would hold the assistant's own tool calls: the "
                 f"template prints them after its content and closes the turn without an end-of-turn token "
@@ -661,6 +754,14 @@ class ChatRenderer:
                 f"with {self.turn_end_text!r}"
             )
         return None
+
+    def _token_boundary(self, text: str, at: int) -> int:
+        """``at``, or the nearest position before it where ``text`` splits into tokens as a whole
+        (``<think>`` and ``</think>`` share their first character, not a token)."""
+        whole = self.encode(text)
+        while 0 < at < len(text) and self.encode(text[:at]) + self.encode(text[at:]) != whole:
+            at -= 1
+        return at
 
     @property
     def prompt_only_text(self) -> tuple[str, str] | None:
@@ -676,7 +777,7 @@ class ChatRenderer:
         history = self._history(tools)
         prefix = history + self.generation_prompt  # the probe checked that the prompt only appends
         text = self.render_text([user, {"role": "assistant", "content": SENTINEL_ASSISTANT}], tools, add_generation_prompt=False)
-        common = _first_difference(prefix, text)
+        common = self._token_boundary(prefix, _first_difference(prefix, text))
         if not text.startswith(prefix) and common >= len(history):
             rest, turn = prefix[common:], text[common:]
             found = (rest, turn[: _repeated_ending(rest, turn)])
@@ -689,7 +790,12 @@ class ChatRenderer:
         history = self._history(tools)
         for opener in ("<think>\n", "<think>"):
             at = len(prefix) - len(opener)
-            if prefix.endswith(opener) and at >= len(history) and text.startswith(prefix[:at]):
+            if (
+                prefix.endswith(opener)
+                and at >= len(history)
+                and text.startswith(prefix[:at])
+                and not text[at:].startswith("</think>")  # the rendered turn shows the block's end: GLM-4.7
+            ):
                 return at
         return None
 
@@ -716,7 +822,7 @@ class ChatRenderer:
             lead = str(message.get("reasoning_content") or "").strip("\n") + "\n</think>\n\n"
         elif (
             not message.get("reasoning_content")  # reasoning after a prompt that closed the think block: no turn
-            and (common := _first_difference(prefix, text)) >= len(self._history(tools))
+            and (common := self._token_boundary(prefix, _first_difference(prefix, text))) >= len(self._history(tools))
             and common < len(prefix)
             and self.generation_prompt
             and not text[common:].startswith(self.generation_prompt)
@@ -736,18 +842,24 @@ class ChatRenderer:
                 )
             start = found + len(self.generation_prompt)
         end = len(text)
-        if self.turn_end_text:
-            found = text.rfind(self.turn_end_text)
-            if found < start:
+        calls = bool(message.get("tool_calls"))
+        end_ids = self.call_end_ids if calls else self.turn_end_ids
+        end_text = self.decode(end_ids)
+        if end_text and end_ids in self._open_ends:
+            # An open turn (GLM): the template writes nothing after a last turn; the model writes
+            # the next message's opening, which ends its turn.
+            end = len(text.rstrip())
+        elif end_text:
+            end = text.rfind(end_text)
+            if end < start:
                 raise TemplateError(
                     "the template did not close the assistant turn; pass a chat_template that ends every "
                     "assistant turn with the same end-of-turn token (e.g. tokengym.envs.templates.CHATML_TOOLS)"
                 )
-            end = found
         text = text[:start] + lead + text[start:]
         end += len(lead)
         # What the model writes: control-token text stays text (only the closing end-of-turn is
         # one); other added tokens (<tool_call>, <think>) are the tokens a model emits for them.
         return Rendered(
-            text[start:end] + self.turn_end_text, self.encode_action_text(text[start:end]) + list(self.turn_end_ids)
+            text[start:end] + end_text, self.encode_action_text(text[start:end]) + list(end_ids)
         )

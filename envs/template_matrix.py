@@ -152,7 +152,7 @@ def _call_runs(env: Any, info: dict[str, Any]) -> str:
 
     try:
         action = env.renderer.assistant({"role": "assistant", "content": "", "tool_calls": [_CALL]}, info["tools"])
-        if not action.text[: len(action.text) - len(env.renderer.turn_end_text)].strip():
+        if not action.text[: len(action.text) - len(env.renderer.call_end_text)].strip():
             return "no: the template renders no calls"
         obs, _, _, _, step_info = env.step(np.array(action.ids))
     except TemplateError as err:

@@ -75,6 +75,20 @@ def kimi_k2(calls: Calls) -> str:
     return f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>"
 
 
+def glm45(calls: Calls) -> str:
+    def value(v):
+        return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+
+    return "".join(
+        f"<tool_call>{n}\n" + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{value(v)}</arg_value>\n" for k, v in a.items()) + "</tool_call>"
+        for n, a in calls
+    )
+
+
+def glm47(calls: Calls) -> str:
+    return glm45(calls).replace("\n", "")
+
+
 FORMATS = {
     "hermes": hermes,
     "llama3_json": llama3_json,
@@ -85,10 +99,15 @@ FORMATS = {
     "xlam": xlam,
     "granite": granite,
     "kimi_k2": kimi_k2,
+    "glm45": glm45,
 }
 """One writer per registered family (the name its parser is registered under)."""
 
-VARIANTS = {"deepseek_v31": ("deepseek_v3", deepseek_v31), "mistral_v11": ("mistral", mistral_v11)}
+VARIANTS = {
+    "deepseek_v31": ("deepseek_v3", deepseek_v31),
+    "mistral_v11": ("mistral", mistral_v11),
+    "glm47": ("glm45", glm47),
+}
 """Other forms a family's parser reads: name -> (family, writer)."""
 
 PATHOLOGICAL = {

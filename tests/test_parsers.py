@@ -147,6 +147,7 @@ import warnings  # noqa: E402
 
 from tokengym.envs import (  # noqa: E402
     DeepSeekParser,
+    GLMParser,
     GraniteParser,
     KimiK2Parser,
     MistralParser,
@@ -181,6 +182,7 @@ def test_every_family_is_registered_under_its_names():
         "deepseek_v3": DeepSeekParser, "deepseek": DeepSeekParser, "deepseek_r1": DeepSeekParser,
         "mistral": MistralParser, "xlam": XLAMParser, "granite": GraniteParser,
         "kimi_k2": KimiK2Parser, "kimi": KimiK2Parser,
+        "glm45": GLMParser, "glm47": GLMParser, "glm": GLMParser, "glm4_moe": GLMParser,
     }
     for name, cls in expected.items():
         parser = get_parser(name)
@@ -208,6 +210,7 @@ AROUND = {
     "xlam": ("", "\nTrailing words."),
     "granite": ("Thinking. ", ""),
     "kimi_k2": ("Let me compute. ", ""),
+    "glm45": ("<think>I add.</think>\n", "\n"),
 }
 
 
@@ -330,6 +333,17 @@ MALFORMED = {
         ('<|tool_call_begin|>functions.add:0<|tool_call_argument_begin|>{"a": }<|tool_call_end|>', "not valid JSON"),
         ('<|tool_call_begin|> <|tool_call_argument_begin|>{}<|tool_call_end|>', "has no tool name"),
     ],
+    "glm45": [
+        ("<tool_call>\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n</tool_call>", "has no tool name"),
+        ('<tool_call>{"name": "add"}</tool_call>', "has no tool name"),
+        ("<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n", "is not closed"),
+        ("<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>1\n</tool_call>", 'the value of "a" without its closing'),
+        ("<tool_call>add\n<arg_key>a</arg_key>\n1\n</tool_call>", 'has no <arg_value> after the key "a"'),
+        ("<tool_call>add\n<arg_key>a\n</tool_call>", "<arg_key> without its closing </arg_key>"),
+        ("<tool_call>add\nwords\n</tool_call>", "has no tool name"),
+        ("<tool_call>add\n<arg_key>a</arg_key><arg_value>1</arg_value>junk</tool_call>", "not an <arg_key>"),
+        ("<tool_call>add<arg_key>a</arg_key><arg_value>1</arg_value><arg_key>a</arg_key><arg_value>2</arg_value></tool_call>", 'gives argument "a" twice'),
+    ],
     "llama3_json": [
         ('{"name": "add", "parameters": {"a": 1}} {"name": 5}', 'tool call 2 has no "name" string'),
     ],
@@ -362,8 +376,8 @@ def test_pathological_input_never_raises_in_any_parser(family, kind):
     parsed = parser.parse(with_argument(family, raw), tools=SCHEMAS)
     assert len(parsed) == 1
     (call,) = parsed
-    if call.ok:  # only where values are text: Qwen3-Coder keeps what does not read as the schema's type
-        assert family == "qwen3_coder" and call.arguments["a"] == raw
+    if call.ok:  # only where values are text (Qwen3-Coder, GLM): what does not read as the schema's type is kept
+        assert family in ("qwen3_coder", "glm45") and call.arguments["a"] == raw
     else:
         assert call.error.endswith(parser.hint) and len(call.error) < 600
         assert any(w in call.error for w in ("nested", "digits", "too large", "levels deep")), call.error
@@ -522,3 +536,16 @@ def test_parse_calls_passes_tools_only_to_parsers_that_take_them():
     assert parse_calls(Old(), FORMATS["hermes"](ONE))[0].arguments == {"a": 1, "b": 2}
     assert parse_calls(Qwen3CoderParser(), text, SCHEMAS)[0].arguments == {"a": 1, "b": 2}
     assert parse_calls(Qwen3CoderParser(), text)[0].arguments == {"a": "1", "b": "2"}
+
+
+def test_glm_values_are_text_for_strings_and_json_otherwise():
+    text = (
+        "<tool_call>lookup\n<arg_key>query</arg_key>\n<arg_value>a </tool_call> b</arg_value>\n"
+        '<arg_key>tags</arg_key>\n<arg_value>["x"]</arg_value>\n</tool_call>'
+    )
+    (call,) = GLMParser().parse(text, tools=SCHEMAS)
+    assert call.arguments == {"query": "a </tool_call> b", "tags": ["x"]}
+    # Without schemas a value that reads as JSON is decoded, any other stays text.
+    (bare,) = GLMParser().parse("<tool_call>f<arg_key>n</arg_key><arg_value>7</arg_value><arg_key>s</arg_key><arg_value>hi</arg_value></tool_call>")
+    assert bare.arguments == {"n": 7, "s": "hi"}
+    assert detect_parser("{{ '<tool_call>' + tc.name }}<arg_key>{{ k }}</arg_key>") == "glm45"

@@ -19,7 +19,9 @@ Each parser knows one model family's format (registered names, aliases in bracke
   ```` ```json ```` fence);
 * ``"granite"``: ``<|tool_call|>[{"name": ..., "arguments": {...}}]``;
 * ``"kimi_k2"`` (``"kimi"``): ``<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{json}<|tool_call_end|>``,
-  the model's id (``functions.NAME:0``) kept for the result.
+  the model's id (``functions.NAME:0``) kept for the result;
+* ``"glm45"`` (``"glm47"``, ``"glm"``, ``"glm4_moe"``): ``<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>``
+  (GLM-4.5 to 4.7; without the line breaks in 4.7); values are text for strings and JSON otherwise.
 
 :func:`detect_parser` picks a family from a chat template (:func:`detect_parser_evidence` also
 says what decided it, or that it guessed), :func:`get_parser` resolves a name, an instance or
@@ -32,7 +34,7 @@ tool call (another family's marker, or a call naming one of the episode's tools)
 :class:`~tokengym.envs.ToolEnv` can answer with an error instead of scoring it.
 
 One module per family (``hermes``, ``llama3_json``, ``pythonic``, ``qwen3_coder``, ``deepseek``,
-``mistral``, ``xlam``, ``granite``, ``kimi_k2``); ``base`` holds :class:`ToolCallParser` and what every family
+``mistral``, ``xlam``, ``granite``, ``kimi_k2``, ``glm``); ``base`` holds :class:`ToolCallParser` and what every family
 shares, ``registry`` the names and the detection from chat templates, ``evidence``
 :func:`call_evidence`. This package re-exports their public names.
 """
@@ -42,6 +44,7 @@ from .deepseek import DeepSeekParser
 from .evidence import CALL_MARKERS, call_evidence
 from .granite import GraniteParser
 from .hermes import HermesParser
+from .glm import GLMParser
 from .kimi_k2 import KimiK2Parser
 from .llama3_json import Llama3JsonParser
 from .mistral import MistralParser
@@ -59,6 +62,7 @@ __all__ = [
     "DeepSeekParser",
     "GraniteParser",
     "HermesParser",
+    "GLMParser",
     "KimiK2Parser",
     "Llama3JsonParser",
     "MistralParser",

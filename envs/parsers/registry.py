@@ -15,6 +15,7 @@ from typing import Any
 
 from .base import ToolCallParser
 from .deepseek import DeepSeekParser
+from .glm import GLMParser
 from .granite import GraniteParser
 from .hermes import HermesParser
 from .kimi_k2 import KimiK2Parser
@@ -45,6 +46,10 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "granite": GraniteParser,
     "kimi_k2": KimiK2Parser,
     "kimi": KimiK2Parser,
+    "glm45": GLMParser,
+    "glm47": GLMParser,
+    "glm": GLMParser,
+    "glm4_moe": GLMParser,
 }
 
 
@@ -75,6 +80,7 @@ _DETECTION: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mistral", ("[TOOL_CALLS]",)),
     ("granite", ("<|tool_call|>",)),
     ("qwen3_coder", ("<function=",)),
+    ("glm45", ("<arg_key>",)),
     ("pythonic", ("<|python_start|>", "[func_name1(", "[func_name(", "```tool_code")),
     ("xlam", ('[{"name": "tool_call_name"', "in a single JSON array")),
     ("hermes", ("<tool_call>",)),

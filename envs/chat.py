@@ -88,6 +88,10 @@ class EnvResponse:
     tool_calls: list[dict[str, Any]] | None = None
     """Tool calls parsed from the assistant turn, shown to the template with the new messages."""
     info: dict[str, Any] = field(default_factory=dict)
+    message: Message | None = None
+    """The assistant turn as the message a server hands the template (reasoning, answer and calls
+    apart: Harmony's channels), for a template that refuses the turn's raw text; the
+    conformance check and ``history="deploy"`` render it in the turn's place."""
     stop_reason: str | None = None
     """Ends the episode as ``truncated`` with this ``info["stop_reason"]`` (a limit the environment
     enforces); nothing more is tokenized. Ignored when ``done``."""
@@ -247,7 +251,9 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self._turn = 0
         self._done = False
         self._conformance: list[Conformance] = []
-        self._calls_at: dict[int, list[dict[str, Any]]] = {}  # assistant message index -> its parsed calls
+        # assistant message index -> the turn as a server renders it (its parsed calls, or the
+        # parser's split of the turn), for templates that refuse the turn as plain text
+        self._structured_at: dict[int, Message] = {}
         info = {
             "messages": copy.deepcopy(prompt.messages),
             "tools": copy.deepcopy(prompt.tools),
@@ -285,8 +291,12 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 stop_reason = str(response.stop_reason)
             elif turn + 1 >= self.max_turns:
                 stop_reason = "max_turns"
-            if response.tool_calls:
-                self._calls_at[len(self._messages) - 1] = plain_copy(list(response.tool_calls))
+            if response.message is not None:
+                self._structured_at[len(self._messages) - 1] = plain_copy(dict(response.message))
+            elif response.tool_calls:
+                self._structured_at[len(self._messages) - 1] = {
+                    **assistant, "content": None, "tool_calls": plain_copy(list(response.tool_calls))
+                }
 
         obs_ids: list[int] = []
         context_reset = False
@@ -416,12 +426,11 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         try:
             full = self.renderer.prompt(messages, self._tools, deployed=True)
         except TemplateError:
-            if not self._calls_at:
+            if not self._structured_at:
                 raise
             # The template refuses assistant turns as plain text: render them with their parsed calls.
             full = self.renderer.prompt(
-                [{**m, "content": None, "tool_calls": list(self._calls_at[i])} if i in self._calls_at else m
-                 for i, m in enumerate(messages)],
+                [self._structured_at.get(i, m) for i, m in enumerate(messages)],
                 self._tools,
                 deployed=True,
             )
@@ -444,7 +453,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             assert self._pieces is not None
             result = check_conformance(
                 self.renderer, self._messages, self._tools, self._pieces, turn=turn, final=final,
-                tool_calls=self._calls_at,
+                structured=self._structured_at,
             )
             if self.conformance_mode == "strict" and not result.ok:
                 raise ConformanceError(result)

@@ -31,6 +31,7 @@ decisions remembered, so a check costs about a third of what it did through
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -265,6 +266,35 @@ def _known_variants(
         ordered = tuple(b for b in KnownBehaviour if b in behaviours)
         yield ordered, tuple(sorted(turns)), texts
     yield from _dropped_everywhere(pieces, final)
+    yield from _analysis_dropped(pieces, final)
+
+
+_ANALYSIS = re.compile(r"(?:<\|channel\|>analysis<\|message\|>.*?<\|end\|><\|start\|>assistant)+", re.S)
+
+
+def _analysis_dropped(
+    pieces: Sequence[Piece], final: bool
+) -> Iterator[tuple[tuple[KnownBehaviour, ...], tuple[int, ...], list[str]]]:
+    """The stream as gpt-oss's template writes it: a turn's analysis messages (Harmony's
+    reasoning channel) are gone from the history, but for a turn with a call that no later answer
+    follows, and for the conversation's last turn when nothing follows it."""
+    actions = [i for i, p in enumerate(pieces) if p.kind == "action"]
+    texts = [p.text for p in pieces]
+    turns = set()
+    for k, i in enumerate(actions):
+        p = pieces[i]
+        found = _ANALYSIS.match(p.text)
+        if found is None:
+            continue
+        calls = "to=functions." in p.text
+        later_answer = any("to=functions." not in pieces[j].text for j in actions[k + 1 :])
+        last = i == actions[-1] and final and all(q.n_messages == 0 for q in pieces[i + 1 :])
+        if (calls and not later_answer) or (not calls and last):
+            continue
+        texts[i] = p.text[found.end() :]
+        turns.add(p.turn)
+    if turns:
+        yield (KnownBehaviour.REASONING_DROPPED,), tuple(sorted(turns)), texts
 
 
 def _prompt_think_dropped(
@@ -410,16 +440,16 @@ def check_conformance(
     *,
     turn: int,
     final: bool,
-    tool_calls: Mapping[int, Sequence[Mapping[str, Any]]] | None = None,
+    structured: Mapping[int, Message] | None = None,
 ) -> Conformance:
     """Compare the stream (``pieces``) with the template's rendering of ``messages``.
 
     ``messages`` hold each assistant turn as the decoded text of the model's tokens. With
     ``final=False`` the stream ends with a generation prompt; with ``final=True`` it ends with
-    the last action. ``tool_calls`` (message index -> the turn's parsed calls) is the second
-    form tried when the template refuses assistant turns as plain text (Mistral's counts a
-    message without ``tool_calls`` as a turn of its own): those turns then render as the
-    template renders parsed calls, as a server would.
+    the last action. ``structured`` (message index -> the turn as a server hands it to the
+    template: its parsed calls, or Harmony's channels apart) is the second form tried when the
+    template refuses assistant turns as plain text (Mistral's counts a message without
+    ``tool_calls`` as a turn of its own; gpt-oss's refuses channel tags in content).
     """
     notes = _notes(renderer, pieces, turn)
     whole = whole_renderer(renderer)
@@ -428,14 +458,11 @@ def check_conformance(
         expected = whole.render(messages, tools, add_generation_prompt=not final)
     except TemplateError as err:
         try:
-            if not tool_calls:
+            if not structured:
                 raise
-            structured = [
-                {**m, "content": None, "tool_calls": list(tool_calls[i])} if i in tool_calls else m
-                for i, m in enumerate(messages)
-            ]
-            expected = whole.render(structured, tools, add_generation_prompt=not final)
-            rendered_messages = structured
+            replaced = [structured.get(i, m) for i, m in enumerate(messages)]
+            expected = whole.render(replaced, tools, add_generation_prompt=not final)
+            rendered_messages = replaced
         except TemplateError:
             return Conformance(
                 turn=turn,

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt
+from .parsers import detect_parser, get_parser
 from .plain_copy import plain_copy
 from .render import Message, TemplateError
 
@@ -305,6 +306,13 @@ class ReplayEnv(ChatEnv):
             raise self._name_message(err, range(self._assistant_at[k], self._assistant_at[k] + 1)) from err
         return np.array(rendered.ids, dtype=np.int64)
 
+    def _split(self, text: str) -> Message | None:
+        """The turn as a server hands it to the template, where the template's call format has
+        its own split (Harmony's channels: gpt-oss's template refuses them in content)."""
+        template = self.renderer.chat_template or getattr(self.renderer.tokenizer, "chat_template", None)
+        parser = get_parser(detect_parser(template if isinstance(template, str) else None))
+        return parser.split_message(text)
+
     def respond(self, turn: AssistantTurn) -> EnvResponse:
         msgs = self._transcript["messages"]
         if turn.turn >= len(self._assistant_at):
@@ -317,5 +325,6 @@ class ReplayEnv(ChatEnv):
             messages=plain_copy(msgs[start:end]) if not last else [],
             done=last,
             tool_calls=plain_copy(calls),
+            message=self._split(turn.text),
             info={"replay_trailing": plain_copy(msgs[start:end])} if last and start < end else {},
         )

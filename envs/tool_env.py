@@ -63,6 +63,14 @@ def strip_reasoning(text: str, open_tag: str = "<think>", close_tag: str = "</th
     return text
 
 
+def _with_call_ids(message: Message, calls: list[dict[str, Any]]) -> Message:
+    """``message`` (a parser's split of the turn) with the ids the env gave its calls."""
+    split = [dict(c) for c in message.get("tool_calls") or ()]
+    for mine, call in zip(split, calls):
+        mine["id"] = call["id"]
+    return {**message, "tool_calls": split} if split else message
+
+
 def extract_answer(text: str, tag: str = "answer") -> str | None:
     """The content of the last ``<answer>...</answer>`` in ``text``, stripped; ``None`` if there is none."""
     found = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.S)
@@ -355,8 +363,12 @@ class ToolEnv(ChatEnv):
             raise ValueError(f"two tools share the name(s) {dup}; give them distinct names")
 
     def respond(self, turn: AssistantTurn) -> EnvResponse:
-        content = strip_reasoning(turn.text, *self.think_tags)
-        attempts = parse_calls(self.parser, content, self._schemas)
+        split = self.parser.split_message(turn.text) if hasattr(self.parser, "split_message") else None
+        if split is not None:  # the format keeps reasoning apart itself (Harmony's analysis channel)
+            content, attempts = str(split.get("content") or ""), parse_calls(self.parser, turn.text, self._schemas)
+        else:
+            content = strip_reasoning(turn.text, *self.think_tags)
+            attempts = parse_calls(self.parser, content, self._schemas)
         task = self._task
         if attempts:
             records = self._run(attempts, turn.turn)
@@ -366,7 +378,7 @@ class ToolEnv(ChatEnv):
                 final = self.final_reward(content, task)
                 extra = self.turn_reward([], task)
                 info = {"tool_results": [], "tool_stats": dict(self._stats), "final_reward": final}
-                return EnvResponse(reward=final + extra, done=True, info=info)
+                return EnvResponse(reward=final + extra, done=True, info=info, message=split)
             text = (
                 f"Error: this looks like a tool call ({evidence}), but it is not in the format this "
                 f"environment reads ({self.parser.name or type(self.parser).__name__}); nothing was run. {self.parser.hint}"
@@ -406,7 +418,9 @@ class ToolEnv(ChatEnv):
             )
         shown = calls if calls and self.template_tool_calls else None
         info["parsed_tool_calls"] = calls
-        return EnvResponse(messages, reward, tool_calls=shown, info=info, stop_reason=stop)
+        if split is not None and calls:
+            split = _with_call_ids(split, calls)
+        return EnvResponse(messages, reward, tool_calls=shown, info=info, stop_reason=stop, message=split)
 
     def _run(self, attempts: list[ParsedCall], turn: int) -> list[CallRecord]:
         limit = self.max_tool_calls_per_turn

@@ -21,7 +21,10 @@ Each parser knows one model family's format (registered names, aliases in bracke
 * ``"kimi_k2"`` (``"kimi"``): ``<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{json}<|tool_call_end|>``,
   the model's id (``functions.NAME:0``) kept for the result;
 * ``"glm45"`` (``"glm47"``, ``"glm"``, ``"glm4_moe"``): ``<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>``
-  (GLM-4.5 to 4.7; without the line breaks in 4.7); values are text for strings and JSON otherwise.
+  (GLM-4.5 to 4.7; without the line breaks in 4.7); values are text for strings and JSON otherwise;
+* ``"harmony"`` (``"gpt_oss"``, ``"openai"``): gpt-oss's messages to ``functions.NAME``,
+  ``<|start|>assistant to=functions.NAME<|channel|>commentary <|constrain|>json<|message|>{json}<|call|>``;
+  it also splits a turn into analysis, answer and call (:meth:`~HarmonyParser.split_message`).
 
 :func:`detect_parser` picks a family from a chat template (:func:`detect_parser_evidence` also
 says what decided it, or that it guessed), :func:`get_parser` resolves a name, an instance or
@@ -34,7 +37,7 @@ tool call (another family's marker, or a call naming one of the episode's tools)
 :class:`~tokengym.envs.ToolEnv` can answer with an error instead of scoring it.
 
 One module per family (``hermes``, ``llama3_json``, ``pythonic``, ``qwen3_coder``, ``deepseek``,
-``mistral``, ``xlam``, ``granite``, ``kimi_k2``, ``glm``); ``base`` holds :class:`ToolCallParser` and what every family
+``mistral``, ``xlam``, ``granite``, ``kimi_k2``, ``glm``, ``harmony``); ``base`` holds :class:`ToolCallParser` and what every family
 shares, ``registry`` the names and the detection from chat templates, ``evidence``
 :func:`call_evidence`. This package re-exports their public names.
 """
@@ -45,6 +48,7 @@ from .evidence import CALL_MARKERS, call_evidence
 from .granite import GraniteParser
 from .hermes import HermesParser
 from .glm import GLMParser
+from .harmony import HarmonyParser
 from .kimi_k2 import KimiK2Parser
 from .llama3_json import Llama3JsonParser
 from .mistral import MistralParser
@@ -63,6 +67,7 @@ __all__ = [
     "GraniteParser",
     "HermesParser",
     "GLMParser",
+    "HarmonyParser",
     "KimiK2Parser",
     "Llama3JsonParser",
     "MistralParser",

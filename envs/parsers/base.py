@@ -141,6 +141,12 @@ class ToolCallParser:
     def _parse(self, text: str, schemas: Schemas) -> list[ParsedCall]:
         raise NotImplementedError
 
+    def split_message(self, text: str) -> dict[str, Any] | None:
+        """The assistant turn as the message a server hands the template, its reasoning, answer
+        and calls apart, for a format whose template refuses the turn's raw text (Harmony's
+        channels); ``None`` (the default): the raw text is the message's content."""
+        return None
+
     def make_call_id(self, turn: int, index: int) -> str:
         """The id of call ``index`` of assistant turn ``turn`` when the model wrote none, in the
         form this family's template accepts."""

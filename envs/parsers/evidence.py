@@ -25,6 +25,7 @@ CALL_MARKERS: tuple[str, ...] = (
     "```tool_code",
     "<|tool_calls_section_begin|>",
     "<|tool_call_begin|>",
+    "to=functions.",
 )
 
 

@@ -17,6 +17,7 @@ from .base import ToolCallParser
 from .deepseek import DeepSeekParser
 from .glm import GLMParser
 from .granite import GraniteParser
+from .harmony import HarmonyParser
 from .hermes import HermesParser
 from .kimi_k2 import KimiK2Parser
 from .llama3_json import Llama3JsonParser
@@ -50,6 +51,9 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "glm47": GLMParser,
     "glm": GLMParser,
     "glm4_moe": GLMParser,
+    "harmony": HarmonyParser,
+    "gpt_oss": HarmonyParser,
+    "openai": HarmonyParser,
 }
 
 
@@ -75,6 +79,7 @@ class ParserDetection:
 # holds <tool_call>, pythonic ones may describe JSON tools, and Llama's JSON templates are
 # recognised by their ipython role last.
 _DETECTION: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("harmony", ("<|channel|>commentary", "<|constrain|>")),
     ("kimi_k2", ("<|tool_calls_section_begin|>",)),
     ("deepseek_v3", ("tool▁calls▁begin", "tool▁call▁begin")),
     ("mistral", ("[TOOL_CALLS]",)),

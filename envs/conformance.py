@@ -479,31 +479,47 @@ def check_conformance(
         return _known(turn, (*first, *behaviours), tuple(sorted({*rewritten, *turns})), notes)
 
     actual = "".join(p.text for p in pieces)
-    if _matches(actual, expected, final, ends):
-        return known((), ()) if first else Conformance(turn=turn, status="ok", notes=notes)
-    for behaviours, turns, texts in _known_variants(pieces, final):
-        if _matches("".join(texts), expected, final, ends):
-            return known(behaviours, turns)
-    dropped = _prompt_think_dropped(pieces, renderer.prompt_only_text)
-    if dropped is not None and _matches("".join(dropped[1]), expected, final, ends):
-        return known((KnownBehaviour.EMPTY_THINK_DROPPED,), dropped[0])
-    controls = renderer.control_pattern
-    trimmed, turns = _trimmed_actions(pieces, ends)
-    if turns and _matches("".join(trimmed), expected, final, ends):
-        return known((KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN,), turns)
-    if _matches(_squeeze(actual, controls), _squeeze(expected, controls), final, ends):
-        turns = tuple(sorted({p.turn for p in pieces if p.kind == "action" and p.text != _squeeze(p.text, controls)} or {turn}))
-        return known((KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN,), turns)
-    moved = _moved_opening(renderer, rendered_messages, tools, final)
-    if moved is not None:
-        conf = known((KnownBehaviour.SYSTEM_MOVED,), (turn,))
-        return Conformance(
-            **{
-                **conf.__dict__,
-                "detail": conf.detail + f" (the whole render places the {moved} after the first user message, or "
-                "drops it; the rest of the stream cannot be compared with a render that moves it)",
-            }
-        )
+
+    def classify(expected: str, rendered_messages: Sequence[Message]) -> Conformance | None:
+        if _matches(actual, expected, final, ends):
+            return known((), ()) if first else Conformance(turn=turn, status="ok", notes=notes)
+        for behaviours, turns, texts in _known_variants(pieces, final):
+            if _matches("".join(texts), expected, final, ends):
+                return known(behaviours, turns)
+        dropped = _prompt_think_dropped(pieces, renderer.prompt_only_text)
+        if dropped is not None and _matches("".join(dropped[1]), expected, final, ends):
+            return known((KnownBehaviour.EMPTY_THINK_DROPPED,), dropped[0])
+        controls = renderer.control_pattern
+        trimmed, turns = _trimmed_actions(pieces, ends)
+        if turns and _matches("".join(trimmed), expected, final, ends):
+            return known((KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN,), turns)
+        if _matches(_squeeze(actual, controls), _squeeze(expected, controls), final, ends):
+            turns = tuple(sorted({p.turn for p in pieces if p.kind == "action" and p.text != _squeeze(p.text, controls)} or {turn}))
+            return known((KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN,), turns)
+        moved = _moved_opening(renderer, rendered_messages, tools, final)
+        if moved is not None:
+            conf = known((KnownBehaviour.SYSTEM_MOVED,), (turn,))
+            return Conformance(
+                **{
+                    **conf.__dict__,
+                    "detail": conf.detail + f" (the whole render places the {moved} after the first user message, or "
+                    "drops it; the rest of the stream cannot be compared with a render that moves it)",
+                }
+            )
+        return None
+
+    found = classify(expected, rendered_messages)
+    if found is None and structured and rendered_messages is messages:
+        # The template renders the turns as text without raising, but not as the model wrote them
+        # (Gemma 4 places tool results inside the turn with calls): render them as a server would.
+        replaced = [structured.get(i, m) for i, m in enumerate(messages)]
+        try:
+            found = classify(whole.render(replaced, tools, add_generation_prompt=not final), replaced)
+        except TemplateError:
+            found = None
+    if found is not None:
+        return found
+
     char = next((i for i, (a, b) in enumerate(zip(actual, expected)) if a != b), min(len(actual), len(expected)))
     index, position, in_piece = _locate(pieces, char, renderer.decode)
     piece = pieces[index]

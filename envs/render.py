@@ -138,6 +138,12 @@ def _render_failed(err: BaseException, messages: Sequence[Message], tools: Seque
     hint = ""
     if not tools and isinstance(err, TypeError) and "NoneType" in str(err):
         hint = " (the template may iterate over `tools` without checking them: it renders only with tools)"
+    elif type(err).__name__ == "SecurityError":
+        hint = (
+            " (the template changes a list or dict in place, e.g. `.append`: transformers renders templates in "
+            "an immutable sandbox that refuses it, and so do the servers that render through it (vLLM, SGLang)"
+            "; pass a chat_template that builds the value with a `namespace` or `+` instead)"
+        )
     return TemplateError(
         f"the chat template failed to render [{roles}] {'with' if tools else 'without'} tools{where}: "
         f"{type(err).__name__}: {err}{hint}"
@@ -292,6 +298,10 @@ class ChatRenderer:
         #: The same for an assistant turn with tool calls (gpt-oss's ``<|call|>``, GLM's
         #: ``<|observation|>``, Apertus's ``<|tools_suffix|>``): the plain turn's end where the
         #: template closes a turn with calls as any other turn.
+        #: True when the template writes a turn's content after its calls' results, in the same turn
+        #: (Gemma 4: the model calls, reads the results, then answers): the observation after a
+        #: call turn is cut from a turn without content.
+        self.content_after_results = False
         self.call_end_ids, self.call_end_written = self._call_end()
         self.call_end_text: str = self.decode(self.call_end_ids)
         eos = getattr(self.tokenizer, "eos_token_id", None)
@@ -370,8 +380,21 @@ class ChatRenderer:
             last = self.render_text(turn, [PROBE_TOOL], add_generation_prompt=False).rstrip()
         except TemplateError:
             return plain
-        calls = last[last.find(SENTINEL_ASSISTANT) + len(SENTINEL_ASSISTANT) :]
-        if followed is None or not followed.startswith(calls):  # the turn renders otherwise once results follow
+        if followed is None:  # the template writes the content after the results (Gemma 4): probe without it
+            try:
+                turn = [user, {"role": "assistant", "content": "", "tool_calls": [call]}]
+                last = self.render_text(turn, [PROBE_TOOL], add_generation_prompt=False).rstrip()
+                full = self.render_text([*turn, result], [PROBE_TOOL], add_generation_prompt=False)
+            except TemplateError:
+                return plain
+            history = self._history([PROBE_TOOL])
+            if not (last.startswith(history) and full.startswith(last) and SENTINEL_TOOL in full[len(last) :]):
+                return plain
+            self.content_after_results = True
+            calls, followed = last[len(history) :], full[len(history) :]
+        else:
+            calls = last[last.find(SENTINEL_ASSISTANT) + len(SENTINEL_ASSISTANT) :]
+        if not followed.startswith(calls):  # the turn renders otherwise once results follow
             return plain
         ids = self.encode(calls)
         if ids and ids[-1] in self.special_ids:
@@ -674,7 +697,8 @@ class ChatRenderer:
         ``assistant_tool_calls`` are the calls parsed from the assistant turn: templates that
         check tool-call ids against tool results see the same calls as in the real conversation.
         """
-        assistant: Message = {"role": "assistant", "content": SENTINEL_ASSISTANT}
+        content = "" if assistant_tool_calls and self.content_after_results else SENTINEL_ASSISTANT
+        assistant: Message = {"role": "assistant", "content": content}
         if assistant_tool_calls:
             # Ids and names steer templates that pair calls with results; the arguments are
             # rendered before the cut, and text in them must not look like an end of turn.

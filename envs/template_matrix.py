@@ -95,27 +95,29 @@ class Row:
     chat_law: str = ""
     tool_law: str = ""
     call: str = ""
+    deploy: str = ""
+    """The deploy-mode law on the tool conversation (:func:`_deploy_law`)."""
 
     @property
     def works(self) -> bool:
-        return self.build == "yes" and self.call == "yes" and not any(
+        return self.build == "yes" and self.call == "yes" and self.deploy.startswith("ok") and not any(
             v.startswith(("MISMATCH", "refused", "error")) for v in (self.chat_law, self.tool_law)
         )
 
     @classmethod
     def from_cells(cls, cells: Sequence[str]) -> Row:
         """The row a line of the page shows (the inverse of :meth:`cells`)."""
-        name, tok, build, parser, chat, tool, call = cells
+        name, tok, build, parser, chat, tool, call, deploy = cells
         found = re.fullmatch(r"(.*?) \+(\d+)", tok)
         tokenizer, added = (found.group(1), int(found.group(2))) if found else (tok, 0)
-        return cls(name, tokenizer, added, build, parser, chat, tool, call)
+        return cls(name, tokenizer, added, build, parser, chat, tool, call, deploy)
 
     def cells(self) -> list[str]:
         tok = self.tokenizer + (f" +{self.added}" if self.added else "")
-        return [self.name, tok, self.build, self.parser, self.chat_law, self.tool_law, self.call]
+        return [self.name, tok, self.build, self.parser, self.chat_law, self.tool_law, self.call, self.deploy]
 
 
-HEADER = ["template", "tokenizer", "builds", "parser", "chat law", "tool law", "call runs"]
+HEADER = ["template", "tokenizer", "builds", "parser", "chat law", "tool law", "call runs", "deploy law"]
 
 
 def _law(tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]) -> str:
@@ -145,6 +147,49 @@ def _law(tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any] | None
         return f"MISMATCH (turn {turn})"
     named = sorted({b for i in infos for b in i["conformance"].behaviours})
     return "ok" if not named else "named: " + ", ".join(named)
+
+
+def _deployed(env: Any, tools: list[Any] | None) -> list[int]:
+    """What the template renders for the env's conversation so far as deployed: its turns as text,
+    or, where the template refuses that, as a server hands them over (parsed calls, Harmony's split)."""
+    messages = env.messages
+    try:
+        return env.renderer.prompt(messages, tools or None, deployed=True).ids
+    except TemplateError:
+        structured = env.unwrapped._structured_at
+        return env.renderer.prompt([structured.get(i, m) for i, m in enumerate(messages)], tools or None, deployed=True).ids
+
+
+def _deploy_law(tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]) -> str:
+    """The tool conversation with ``history="deploy"``: at every turn the context the policy is
+    given (the last sequence grown by its actions and observations, or a new sequence) must be what
+    the template renders for the conversation so far, as deployed; ``ok (N rows)`` counts the
+    sequences the recorder writes."""
+    from .replay import ReplayEnv
+
+    try:
+        env = ReplayEnv(
+            tokenizer, {"messages": messages, "tools": tools or []}, template_kwargs=kwargs,
+            history="deploy", conformance="off",
+        )
+        obs, _ = env.reset(seed=0)
+        context, rows, done, turn = obs.tolist(), 1, False, 0
+        while not done:
+            action = env.reference_action()
+            obs, _, term, trunc, info = env.step(action)
+            done = term or trunc
+            if done:
+                break
+            if info.get("context_reset"):
+                context, rows = obs.tolist(), rows + 1
+            else:
+                context += action.tolist() + obs.tolist()
+            turn += 1
+            if context != _deployed(env, tools):
+                return f"differs (turn {turn})"
+    except TemplateError as err:
+        return f"refused: {refusal_reason(str(err))}"
+    return f"ok ({rows} row{'s' if rows > 1 else ''})"
 
 
 def _call_runs(env: Any, info: dict[str, Any]) -> str:
@@ -184,6 +229,7 @@ def matrix_row(name: str, template: str | None = None) -> Row:
     schemas = [t.schema for t in expand_tools(env.static_tools)]
     chat = _law(tokenizer, CHAT, None, kwargs)
     tool = _law(tokenizer, TOOL_CHAT, schemas, kwargs)
+    deploy = _deploy_law(tokenizer, TOOL_CHAT, schemas, kwargs)
     try:
         _, info = env.reset(seed=0)
         call = _call_runs(env, info)
@@ -191,7 +237,7 @@ def matrix_row(name: str, template: str | None = None) -> Row:
         call = f"refused: {refusal_reason(str(err))}"
     finally:
         env.close()
-    return Row(name, pairing.label, len(added), "yes", parser, chat, tool, call)
+    return Row(name, pairing.label, len(added), "yes", parser, chat, tool, call, deploy)
 
 
 def markdown(rows: Sequence[Row]) -> str:
@@ -215,10 +261,12 @@ def markdown(rows: Sequence[Row]) -> str:
         "render of the whole conversation after every turn: `ok` (equal), `named: ...` (every difference is",
         "a named template behaviour), `MISMATCH` (a difference tokengym cannot name) or `refused: ...`.",
         "`call runs`: a call written in the template's own format, stepped through the env, reaches the tool",
-        "and its result is in the observation.",
+        "and its result is in the observation. `deploy law`: the tool conversation with `history=\"deploy\"`: at",
+        "every turn the policy's context (the sequence so far, or a new one) is the template's render of the",
+        "conversation as deployed; `ok (N rows)` counts the sequences written, one per new context.",
         "",
         (
-            f"**{len(works)} work** (build, both laws hold, the call runs); **{len(built_not_working)} build but do "
+            f"**{len(works)} work** (build, both laws hold, the call runs, deploy mode holds); **{len(built_not_working)} build but do "
             f"not all of that**; **{sum(refused.values())} are refused by name** at construction:"
         ),
         "",

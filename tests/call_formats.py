@@ -89,6 +89,30 @@ def glm47(calls: Calls) -> str:
     return glm45(calls).replace("\n", "")
 
 
+def gemma4(calls: Calls) -> str:
+    def value(v):
+        if isinstance(v, str):
+            return f'<|"|>{v}<|"|>'
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if v is None:
+            return "null"
+        if isinstance(v, dict):
+            return "{" + ",".join(f"{k}:{value(x)}" for k, x in sorted(v.items())) + "}"
+        if isinstance(v, list):
+            return "[" + ",".join(value(x) for x in v) + "]"
+        return json.dumps(v)
+
+    return "".join(f"<|tool_call>call:{n}{value(a)}<tool_call|>" for n, a in calls)
+
+
+def harmony(calls: Calls) -> str:
+    return "".join(
+        f"<|start|>assistant to=functions.{n}<|channel|>commentary <|constrain|>json<|message|>{json.dumps(a)}<|call|>"
+        for n, a in calls
+    )
+
+
 FORMATS = {
     "hermes": hermes,
     "llama3_json": llama3_json,
@@ -100,6 +124,8 @@ FORMATS = {
     "granite": granite,
     "kimi_k2": kimi_k2,
     "glm45": glm45,
+    "gemma4": gemma4,
+    "harmony": harmony,
 }
 """One writer per registered family (the name its parser is registered under)."""
 

@@ -175,3 +175,31 @@ def test_every_family_runs_in_deploy_mode_with_the_law_per_row(fam):
     assert torch.max(torch.abs(recomputed - recorded)).item() < 1e-4
     print(f"{fam.name}: {len(r.trajectories)} rows for 2 episodes ({r.stats.context_resets} new contexts), "
           f"scripted reasoning: {scripted.stats.context_resets} new contexts")
+
+
+REAL = ["openai-gpt-oss-120b", "GLM-4.6", "google-gemma-4-31B-it", "moonshotai-Kimi-K2", "deepseek-ai-DeepSeek-V3.1"]
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_real_templates_keep_the_law_on_every_row_in_deploy_mode(name):
+    """Templates of the corpus whose turns end in new ways (gpt-oss's <|call|>/<|return|>, GLM's
+    role tokens, Gemma 4's results inside the turn): a real (tiny, random) model in deploy mode on
+    the matrix's tool conversation; every row's recomputed logprobs are the sampler's."""
+    from tokengym.envs import template_corpus as tc
+    from tokengym.envs.template_matrix import TOOL_CHAT
+
+    tok, _ = tc.corpus_tokenizer(name)
+    tools = [{"type": "function", "function": {"name": "calculate", "description": "Evaluate an arithmetic expression.",
+              "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+    model = tiny_qwen3(len(tok))
+    policy = HFPolicy(model, tok)
+    try:
+        r = rollout(lambda: ReplayEnv(tok, {"messages": TOOL_CHAT, "tools": tools}, history="deploy"), policy,
+                    episodes=2, concurrency=2, sampling=SamplingParams(max_tokens=5), seed=3, progress=False)
+    finally:
+        policy.close()
+    assert r.stats.failed == 0, r.stats.errors
+    rows = r.trajectories
+    recomputed, recorded = recompute_logprobs(model, to_verl(rows))
+    assert recomputed.numel() == sum(int(t.mask.sum()) for t in rows) > 0
+    assert torch.max(torch.abs(recomputed - recorded)).item() < 1e-4

@@ -147,8 +147,10 @@ import warnings  # noqa: E402
 
 from tokengym.envs import (  # noqa: E402
     DeepSeekParser,
+    Gemma4Parser,
     GLMParser,
     GraniteParser,
+    HarmonyParser,
     KimiK2Parser,
     MistralParser,
     PythonicParser,
@@ -183,6 +185,7 @@ def test_every_family_is_registered_under_its_names():
         "mistral": MistralParser, "xlam": XLAMParser, "granite": GraniteParser,
         "kimi_k2": KimiK2Parser, "kimi": KimiK2Parser,
         "glm45": GLMParser, "glm47": GLMParser, "glm": GLMParser, "glm4_moe": GLMParser,
+        "harmony": HarmonyParser, "gpt_oss": HarmonyParser, "openai": HarmonyParser, "gemma4": Gemma4Parser,
     }
     for name, cls in expected.items():
         parser = get_parser(name)
@@ -211,6 +214,8 @@ AROUND = {
     "granite": ("Thinking. ", ""),
     "kimi_k2": ("Let me compute. ", ""),
     "glm45": ("<think>I add.</think>\n", "\n"),
+    "gemma4": ("I will add.", "<|tool_response>"),
+    "harmony": ("<|channel|>analysis<|message|>I add.<|end|>", ""),
 }
 
 
@@ -344,6 +349,18 @@ MALFORMED = {
         ("<tool_call>add\n<arg_key>a</arg_key><arg_value>1</arg_value>junk</tool_call>", "not an <arg_key>"),
         ("<tool_call>add<arg_key>a</arg_key><arg_value>1</arg_value><arg_key>a</arg_key><arg_value>2</arg_value></tool_call>", 'gives argument "a" twice'),
     ],
+    "gemma4": [
+        ("<|tool_call>add{a:1}<tool_call|>", "must start with call:TOOL_NAME"),
+        ("<|tool_call>call:{a:1}<tool_call|>", "has no tool name"),
+        ("<|tool_call>call:add<tool_call|>", "has no {...} arguments"),
+        ("<|tool_call>call:add{a:1", "is not closed"),
+        ('<|tool_call>call:add{a:<|"|>x}<tool_call|>', "a string without its closing"),
+        ("<|tool_call>call:add{a:[1,2}<tool_call|>", "a list without its closing ]"),
+        ("<|tool_call>call:add{a}<tool_call|>", "a key without its value"),
+        ("<|tool_call>call:add{a:1,a:2}<tool_call|>", 'gives "a" twice'),
+        ("<|tool_call>call:add{a:}<tool_call|>", "a missing value"),
+        ("<|tool_call>call:add{a:1} extra<tool_call|>", "text after its arguments"),
+    ],
     "llama3_json": [
         ('{"name": "add", "parameters": {"a": 1}} {"name": 5}', 'tool call 2 has no "name" string'),
     ],
@@ -377,7 +394,7 @@ def test_pathological_input_never_raises_in_any_parser(family, kind):
     assert len(parsed) == 1
     (call,) = parsed
     if call.ok:  # only where values are text (Qwen3-Coder, GLM): what does not read as the schema's type is kept
-        assert family in ("qwen3_coder", "glm45") and call.arguments["a"] == raw
+        assert family in ("qwen3_coder", "glm45", "gemma4") and call.arguments["a"] == raw
     else:
         assert call.error.endswith(parser.hint) and len(call.error) < 600
         assert any(w in call.error for w in ("nested", "digits", "too large", "levels deep")), call.error

@@ -170,3 +170,12 @@ def test_unknown_names_are_clear_errors(templates, capsys):
     assert tm.refusal_reason("something new") == "other"
     assert tm.refusal_reason("the chat template failed to render [user] without tools at line 7 of the template: "
                              "TypeError: x") == "the template raises TypeError (line 7)"
+
+
+def test_a_template_that_mutates_a_list_is_refused_naming_the_sandbox():
+    from tokengym.envs.builtin import CalculatorEnv
+    from tokengym.envs.template_inputs import TemplateError
+
+    tok, _ = tc.corpus_tokenizer("Kimi-K2-Instruct")
+    with pytest.raises(TemplateError, match=r"line 41 of the template: SecurityError.*immutable sandbox.*vLLM"):
+        CalculatorEnv(tok)

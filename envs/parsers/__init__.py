@@ -24,7 +24,8 @@ Each parser knows one model family's format (registered names, aliases in bracke
   (GLM-4.5 to 4.7; without the line breaks in 4.7); values are text for strings and JSON otherwise;
 * ``"harmony"`` (``"gpt_oss"``, ``"openai"``): gpt-oss's messages to ``functions.NAME``,
   ``<|start|>assistant to=functions.NAME<|channel|>commentary <|constrain|>json<|message|>{json}<|call|>``;
-  it also splits a turn into analysis, answer and call (:meth:`~HarmonyParser.split_message`).
+  it also splits a turn into analysis, answer and call (:meth:`~HarmonyParser.split_message`);
+* ``"gemma4"``: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>`` in Gemma's own argument notation.
 
 :func:`detect_parser` picks a family from a chat template (:func:`detect_parser_evidence` also
 says what decided it, or that it guessed), :func:`get_parser` resolves a name, an instance or
@@ -37,7 +38,7 @@ tool call (another family's marker, or a call naming one of the episode's tools)
 :class:`~tokengym.envs.ToolEnv` can answer with an error instead of scoring it.
 
 One module per family (``hermes``, ``llama3_json``, ``pythonic``, ``qwen3_coder``, ``deepseek``,
-``mistral``, ``xlam``, ``granite``, ``kimi_k2``, ``glm``, ``harmony``); ``base`` holds :class:`ToolCallParser` and what every family
+``mistral``, ``xlam``, ``granite``, ``kimi_k2``, ``glm``, ``harmony``, ``gemma4``); ``base`` holds :class:`ToolCallParser` and what every family
 shares, ``registry`` the names and the detection from chat templates, ``evidence``
 :func:`call_evidence`. This package re-exports their public names.
 """
@@ -47,6 +48,7 @@ from .deepseek import DeepSeekParser
 from .evidence import CALL_MARKERS, call_evidence
 from .granite import GraniteParser
 from .hermes import HermesParser
+from .gemma4 import Gemma4Parser
 from .glm import GLMParser
 from .harmony import HarmonyParser
 from .kimi_k2 import KimiK2Parser
@@ -67,6 +69,7 @@ __all__ = [
     "GraniteParser",
     "HermesParser",
     "GLMParser",
+    "Gemma4Parser",
     "HarmonyParser",
     "KimiK2Parser",
     "Llama3JsonParser",

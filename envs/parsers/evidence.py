@@ -26,6 +26,7 @@ CALL_MARKERS: tuple[str, ...] = (
     "<|tool_calls_section_begin|>",
     "<|tool_call_begin|>",
     "to=functions.",
+    "<|tool_call>",
 )
 
 

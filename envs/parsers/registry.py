@@ -15,6 +15,7 @@ from typing import Any
 
 from .base import ToolCallParser
 from .deepseek import DeepSeekParser
+from .gemma4 import Gemma4Parser
 from .glm import GLMParser
 from .granite import GraniteParser
 from .harmony import HarmonyParser
@@ -52,6 +53,7 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "glm": GLMParser,
     "glm4_moe": GLMParser,
     "harmony": HarmonyParser,
+    "gemma4": Gemma4Parser,
     "gpt_oss": HarmonyParser,
     "openai": HarmonyParser,
 }
@@ -80,6 +82,7 @@ class ParserDetection:
 # recognised by their ipython role last.
 _DETECTION: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("harmony", ("<|channel|>commentary", "<|constrain|>")),
+    ("gemma4", ("<|tool_call>call:",)),
     ("kimi_k2", ("<|tool_calls_section_begin|>",)),
     ("deepseek_v3", ("tool▁calls▁begin", "tool▁call▁begin")),
     ("mistral", ("[TOOL_CALLS]",)),

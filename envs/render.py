@@ -150,6 +150,13 @@ def _render_failed(err: BaseException, messages: Sequence[Message], tools: Seque
     )
 
 
+def _without_none(messages: Sequence[Message]) -> list[Message] | None:
+    """The messages without their None-valued keys, or ``None`` when no message has one."""
+    if not any(v is None for m in messages for v in m.values()):
+        return None
+    return [{k: v for k, v in m.items() if v is not None} for m in messages]
+
+
 def _first_difference(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -519,6 +526,14 @@ class ChatRenderer:
         try:
             text = apply(msgs, tools, add_generation_prompt)
         except Exception as err:  # jinja raises many types; the template's own message is what helps
+            bare = _without_none(msgs)
+            if bare is not None:
+                # transformers 5.2x drops None-valued keys before rendering, 5.5 does not: a template
+                # that tests `"content" in message` then reads None (gpt-oss's). Render as the newer do.
+                try:
+                    return self.render_text(bare, tools, add_generation_prompt=add_generation_prompt, reference=reference)
+                except TemplateError:
+                    pass
             if self.string_arguments or not _has_object_arguments(msgs):
                 raise _render_failed(err, msgs, tools) from err
             try:

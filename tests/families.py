@@ -5,9 +5,14 @@ not only on Qwen's. The public templates of Llama 3.x, Hermes, xLAM, Qwen3-Coder
 DeepSeek, Mistral and Granite differ exactly where token-faithfulness breaks: an assistant
 with calls that prints only the calls, tool results inside a user turn, a system prompt
 moved to the last user message, reasoning dropped from history, a generation prompt that
-depends on what came before. The templates below are written for these tests in each
-family's style (same markers, same quirks); the tokenizers' own templates that support
-tools are listed as families with ``chat_template=None``.
+depends on what came before. Where the pinned template corpus has a family's real template
+(Llama 3.1, Qwen3-Coder: :mod:`tokengym.envs.template_corpus`), that is the family's template;
+the others below are written for these tests in each family's style (same markers, same quirks),
+because no real one of theirs renders tools on a tokenizer we pin (Gemma 3's raises on a tool
+message, Granite 3.3's renders no calls, xLAM's is not in the corpus) or because the family's format is the
+style's point (Llama 3.2 pythonic, DeepSeek R1, Mistral v3's parallel calls: their real
+templates are rows of ``docs/templates.md``). The tokenizers' own templates that support tools
+are listed as families with ``chat_template=None``.
 
 Whether a family is prefix-stable (rendering a conversation, then the same conversation
 plus new messages, only appends text) is a claim that :func:`render_stability` checks by
@@ -103,46 +108,6 @@ SECOND_CALLS_UNOPENED = "a second assistant with calls is rendered without <｜A
 
 
 # --- Templates written for the tests -------------------------------------------------------
-
-LLAMA31_JSON = r"""
-{%- set date_string = date_string if date_string is defined else "26 Jul 2024" -%}
-{%- set tools = tools if tools is defined else none -%}
-{{- bos_token -}}
-{%- if messages[0].role == 'system' -%}
-  {%- set system_text = messages[0].content | trim -%}
-  {%- set messages = messages[1:] -%}
-{%- else -%}
-  {%- set system_text = "" -%}
-{%- endif -%}
-<|start_header_id|>system<|end_header_id|>{{ "\n\n" }}
-{%- if tools is not none %}Environment: ipython{{ "\n" }}{% endif -%}
-Cutting Knowledge Date: December 2023{{ "\n" }}Today Date: {{ date_string }}{{ "\n\n" }}
-{{- system_text }}<|eot_id|>
-{%- if tools is not none -%}
-  {%- if messages | length == 0 or messages[0].role != 'user' -%}
-    {{- raise_exception("The tool list goes into the first user message: the conversation needs one.") -}}
-  {%- endif -%}
-<|start_header_id|>user<|end_header_id|>{{ "\n\n" }}Answer with a JSON function call when a function helps.
-Reply as {"name": function name, "parameters": object of argument names and values}.{{ "\n\n" }}
-  {%- for t in tools %}{{ t | tojson(indent=4) }}{{ "\n\n" }}{% endfor -%}
-  {{- messages[0].content | trim }}<|eot_id|>
-  {%- set messages = messages[1:] -%}
-{%- endif -%}
-{%- for m in messages -%}
-  {%- if m.role == 'assistant' and m.tool_calls -%}
-    {%- if m.tool_calls | length != 1 -%}
-      {{- raise_exception("Llama 3.1 takes one tool call per assistant message.") -}}
-    {%- endif -%}
-    {%- set f = m.tool_calls[0].function -%}
-<|start_header_id|>assistant<|end_header_id|>{{ "\n\n" }}{"name": "{{ f.name }}", "parameters": {{ f.arguments | tojson if f.arguments is mapping else f.arguments }}}<|eot_id|>
-  {%- elif m.role in ('tool', 'ipython') -%}
-<|start_header_id|>ipython<|end_header_id|>{{ "\n\n" }}{{ m.content | tojson if m.content is mapping else m.content }}<|eot_id|>
-  {%- else -%}
-<|start_header_id|>{{ m.role }}<|end_header_id|>{{ "\n\n" }}{{ m.content | trim }}<|eot_id|>
-  {%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>{{ "\n\n" }}{% endif -%}
-"""
 
 LLAMA32_PYTHONIC = r"""
 {%- set tools = tools if tools is defined else none -%}
@@ -241,66 +206,6 @@ When you call tools, answer with only a JSON list: [{"name": "tool", "arguments"
     {%- if loop.last or loop.nextitem.role != 'tool' %}]<|im_end|>{{ "\n" }}{% else %}, {% endif -%}
   {%- else -%}
 <|im_start|>{{ m.role }}{{ "\n" }}{{ m.get('content') or '' }}<|im_end|>{{ "\n" }}
-  {%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt %}<|im_start|>assistant{{ "\n" }}{% endif -%}
-"""
-
-QWEN3_CODER = r"""
-{%- set tools = tools if tools is defined else none -%}
-{%- if messages[0].role == 'system' -%}
-  {%- set system_text = messages[0].content -%}
-  {%- set messages = messages[1:] -%}
-{%- else -%}
-  {%- set system_text = "You are a coding assistant." -%}
-{%- endif -%}
-<|im_start|>system{{ "\n" }}{{ system_text }}
-{%- if tools is not none %}{{ "\n\n" }}# Tools{{ "\n\n" }}You may call these functions:
-<tools>
-{%- for t in tools %}
-<function>
-<name>{{ t.function.name }}</name>
-<description>{{ t.function.description }}</description>
-<parameters>
-{%- for pname, p in t.function.parameters.properties.items() %}
-<parameter>
-<name>{{ pname }}</name>
-<type>{{ p.type }}</type>
-</parameter>
-{%- endfor %}
-</parameters>
-</function>
-{%- endfor %}
-</tools>
-
-To call a function, write:
-<tool_call>
-<function=name>
-<parameter=argument>
-value
-</parameter>
-</function>
-</tool_call>
-{%- endif %}<|im_end|>{{ "\n" }}
-{%- for m in messages -%}
-  {%- if m.role == 'assistant' -%}
-<|im_start|>assistant{{ "\n" }}{{ m.get('content') or '' }}
-    {%- for c in m.get('tool_calls') or [] -%}
-      {%- if c.function.arguments is not mapping -%}{{ raise_exception("XML calls need arguments as a mapping") }}{%- endif -%}
-      {%- if loop.first and m.get('content') %}{{ "\n\n" }}{% elif not loop.first %}{{ "\n" }}{% endif -%}
-<tool_call>{{ "\n" }}<function={{ c.function.name }}>{{ "\n" }}
-      {%- for k, v in c.function.arguments.items() -%}
-<parameter={{ k }}>{{ "\n" }}{{ v if v is string else v | tojson }}{{ "\n" }}</parameter>{{ "\n" }}
-      {%- endfor -%}
-</function>{{ "\n" }}</tool_call>
-    {%- endfor -%}
-<|im_end|>{{ "\n" }}
-  {%- elif m.role == 'tool' -%}
-    {%- if loop.first or loop.previtem.role != 'tool' %}<|im_start|>user{% endif -%}
-{{ "\n" }}<tool_response>{{ "\n" }}{{ m.content }}{{ "\n" }}</tool_response>
-    {%- if loop.last or loop.nextitem.role != 'tool' %}<|im_end|>{{ "\n" }}{% endif -%}
-  {%- else -%}
-<|im_start|>{{ m.role }}{{ "\n" }}{{ m.content }}<|im_end|>{{ "\n" }}
   {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt %}<|im_start|>assistant{{ "\n" }}{% endif -%}
@@ -530,16 +435,25 @@ def _template(text: str) -> str:
     return text.strip("\n")
 
 
+def _corpus(name: str) -> str:
+    """A model's own template from the pinned corpus (``tokengym fetch-templates``)."""
+    from tokengym.envs.template_corpus import corpus_templates
+
+    return corpus_templates()[name]
+
+
 TEMPLATE_FAMILIES: tuple[Family, ...] = (
     Family(
         name="llama3.1-json",
-        tokenizer="llama3_1",
-        chat_template=_template(LLAMA31_JSON),
+        tokenizer="llama3_2",  # Llama 3.1's vocabulary (the llama3_1 package is Llama 3.0's)
+        chat_template=_corpus("meta-llama-Llama-3.1-8B-Instruct"),
         parser="llama3_json",
         prefix_stable=True,
         call_markers=('{"name": "', '"parameters": '),
         control_tokens=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
         parallel_calls=False,
+        # Without it the system prompt carries today's date (strftime_now) and changes at midnight.
+        template_kwargs={"date_string": "26 Jul 2024"},
         notes="tools in the first user message; one call per message; results as ipython turns",
     ),
     Family(
@@ -577,7 +491,7 @@ TEMPLATE_FAMILIES: tuple[Family, ...] = (
     Family(
         name="qwen3-coder",
         tokenizer="qwen3",
-        chat_template=_template(QWEN3_CODER),
+        chat_template=_corpus("Qwen3-Coder"),
         parser="qwen3_coder",
         prefix_stable=True,
         call_markers=("<tool_call>\n<function=", "<parameter=", "</parameter>\n</function>\n</tool_call>"),

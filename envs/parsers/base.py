@@ -266,6 +266,27 @@ class ToolCallParser:
             calls.append(one(len(calls), text[body:end]))
             pos = end + len(call_end)
 
+    def _tagged(self, text: str, open_tag: str, close_tag: str, one: Callable[[int, str], ParsedCall]) -> list[ParsedCall]:
+        """The calls of a format that wraps each in ``open_tag`` ... ``close_tag`` (Gemma 4's):
+        ``one(index, body)`` reads a call's body; an unclosed call is an error attempt, and reading
+        goes on at the next call."""
+        calls: list[ParsedCall] = []
+        pos = 0
+        while (start := text.find(open_tag, pos)) >= 0:
+            body = start + len(open_tag)
+            end = text.find(close_tag, body)
+            nxt = text.find(open_tag, body)
+            if end < 0 or 0 <= nxt < end:
+                raw = text[body : nxt if nxt >= 0 else len(text)].strip()
+                calls.append(self._error(len(calls), raw, f"is not closed: {open_tag} without {close_tag}"))
+                if nxt < 0:
+                    return calls
+                pos = nxt
+                continue
+            calls.append(one(len(calls), text[body:end]))
+            pos = end + len(close_tag)
+        return calls
+
     def _from_object(self, index: int, raw: str, obj: Any) -> ParsedCall:
         return self._call(index, raw, obj, decoded=True)
 

@@ -101,22 +101,7 @@ class Gemma4Parser(ToolCallParser):
     hint = 'Write each call as <|tool_call>call:TOOL_NAME{arg:<|"|>text<|"|>,n:1}<tool_call|>.'
 
     def _parse(self, text: str, schemas: Schemas) -> list[ParsedCall]:
-        calls: list[ParsedCall] = []
-        pos = 0
-        while (start := text.find(self.open_tag, pos)) >= 0:
-            body = start + len(self.open_tag)
-            end = text.find(self.close_tag, body)
-            nxt = text.find(self.open_tag, body)
-            if end < 0 or 0 <= nxt < end:
-                raw = text[body : nxt if nxt >= 0 else len(text)].strip()
-                calls.append(self._error(len(calls), raw, f"is not closed: {self.open_tag} without {self.close_tag}"))
-                if nxt < 0:
-                    return calls
-                pos = nxt
-                continue
-            calls.append(self._one(len(calls), text[body:end]))
-            pos = end + len(self.close_tag)
-        return calls
+        return self._tagged(text, self.open_tag, self.close_tag, self._one)
 
     def _one(self, index: int, body: str) -> ParsedCall:
         raw = body.strip()

@@ -246,25 +246,9 @@ class ToolCallParser:
         pos = begin + len(section_begin) if begin >= 0 else first
         stop = text.find(section_end, pos)
         stop = len(text) if stop < 0 else stop
-        calls: list[ParsedCall] = []
-        while True:
-            start = text.find(call_begin, pos, stop)
-            if start < 0:
-                if not calls:
-                    calls.append(self._error(0, text[pos:stop].strip(), f"has no {call_begin} after {section_begin}"))
-                return calls
-            body = start + len(call_begin)
-            end = text.find(call_end, body, stop)
-            nxt = text.find(call_begin, body, stop)
-            if end < 0 or 0 <= nxt < end:
-                raw = text[body : nxt if nxt >= 0 else stop].strip()
-                calls.append(self._error(len(calls), raw, f"is not closed: {call_begin} without {call_end}"))
-                if nxt < 0:
-                    return calls
-                pos = nxt
-                continue
-            calls.append(one(len(calls), text[body:end]))
-            pos = end + len(call_end)
+        section = text[pos:stop]
+        calls = self._tagged(section, call_begin, call_end, one)
+        return calls or [self._error(0, section.strip(), f"has no {call_begin} after {section_begin}")]
 
     def _tagged(self, text: str, open_tag: str, close_tag: str, one: Callable[[int, str], ParsedCall]) -> list[ParsedCall]:
         """The calls of a format that wraps each in ``open_tag`` ... ``close_tag`` (Gemma 4's):

@@ -882,8 +882,7 @@ class ChatRenderer:
             start = found + len(self.generation_prompt)
         end = len(text)
         calls = bool(message.get("tool_calls"))
-        end_ids = self.call_end_ids if calls else self.turn_end_ids
-        end_text = self.decode(end_ids)
+        end_ids, end_text = (self.call_end_ids, self.call_end_text) if calls else (self.turn_end_ids, self.turn_end_text)
         if end_text and end_ids in self._open_ends:
             # An open turn (GLM): the template writes nothing after a last turn; the model writes
             # the next message's opening, which ends its turn.

@@ -309,8 +309,10 @@ class ReplayEnv(ChatEnv):
     def _split(self, text: str) -> Message | None:
         """The turn as a server hands it to the template, where the template's call format has
         its own split (Harmony's channels: gpt-oss's template refuses them in content)."""
-        template = self.renderer.chat_template or getattr(self.renderer.tokenizer, "chat_template", None)
-        parser = get_parser(detect_parser(template if isinstance(template, str) else None))
+        parser = getattr(self, "_format_parser", None)
+        if parser is None:  # detected once per env: the template does not change between turns
+            template = self.renderer.chat_template or getattr(self.renderer.tokenizer, "chat_template", None)
+            parser = self._format_parser = get_parser(detect_parser(template if isinstance(template, str) else None))
         return parser.split_message(text)
 
     def respond(self, turn: AssistantTurn) -> EnvResponse:

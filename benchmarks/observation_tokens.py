@@ -423,8 +423,9 @@ def print_table(results: list[dict[str, Any]]) -> None:
                   f"| {s['baseline_over_this_episode']:.1f}x |")
 
 
-def print_goals(results: list[dict[str, Any]]) -> None:
-    """The goals for the default ``step()``, met or not, at the largest turn count run."""
+def print_goals(results: list[dict[str, Any]]) -> list[str]:
+    """The goals for the default ``step()``, met or not, at the largest turn count run; returns
+    the goals missed (the script then exits 1)."""
     res = max(results, key=lambda r: r["turns"])
     s = res["methods"]["step(default)"]
     flat, speed = s["own_last_over_first"], s["baseline_over_this"]
@@ -439,6 +440,7 @@ def print_goals(results: list[dict[str, Any]]) -> None:
     off = res["methods"]["step(off)"]
     print(f"  for reference: step(off) {off['mean_us']:,.0f} µs/turn ({off['baseline_over_this']:.1f}x), "
           f"step(every_turn) last/first {res['methods']['step(every_turn)']['own_last_over_first']:.2f}")
+    return [name for name, met in (("flat per step", flat <= 1.2), ("40x cheaper than messages-in", speed >= 40)) if not met]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -465,11 +467,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nObservation token ids per turn, {args.tokenizer} chat template, "
           f"repeats={args.repeats}, Python {platform.python_version()}, {elapsed:.0f} s total\n")
     print_table(results)
-    print_goals(results)
+    missed = print_goals(results)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"tokenizer": args.tokenizer, "repeats": args.repeats, "elapsed_s": elapsed,
                        "python": platform.python_version(), "results": results}, fh, indent=2)
+    if missed:
+        print(f"goal missed: {', '.join(missed)}", file=sys.stderr)
+        return 1
     return 0
 
 

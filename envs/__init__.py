@@ -14,6 +14,7 @@ from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt, token_space
 from .conformance import Conformance, ConformanceError, ConformanceSchedule, KnownBehaviour
 from .parsers import (
     PARSERS,
+    DSMLParser,
     DeepSeekParser,
     GraniteParser,
     GLMParser,
@@ -22,6 +23,7 @@ from .parsers import (
     KimiK2Parser,
     HermesParser,
     Llama3JsonParser,
+    MiniMaxM2Parser,
     MistralParser,
     ParsedCall,
     ParserDetection,
@@ -77,6 +79,7 @@ __all__ = [
     "ConformanceError",
     "ConformanceSchedule",
     "DeclaredEnv",
+    "DSMLParser",
     "DeepSeekParser",
     "EnvRef",
     "EnvResponse",
@@ -89,6 +92,7 @@ __all__ = [
     "KeyValueEnv",
     "KnownBehaviour",
     "Llama3JsonParser",
+    "MiniMaxM2Parser",
     "Message",
     "MistralParser",
     "ParsedCall",

@@ -320,17 +320,19 @@ def _dropped_everywhere(
 ) -> Iterator[tuple[tuple[KnownBehaviour, ...], tuple[int, ...], list[str]]]:
     """The stream as a DeepSeek-R1-style template writes it: every assistant turn in the history
     keeps only the text after its last ``</think>``, and the ``<think>`` that the generation
-    prompt opened before it is gone too (with the final turn as history, or kept)."""
+    prompt opened before it is gone too (with the final turn as history, or kept). The text after
+    it is kept as is, without the blank line that follows ``</think>`` (MiniMax M2: a turn's calls
+    open with their own line break), or without its leading whitespace."""
     last_action = max((i for i, p in enumerate(pieces) if p.kind == "action"), default=-1)
     for keep_last in (False, True):
-        for strip in (False, True):
+        for strip in ("", "\n\n", None):
             texts = [p.text for p in pieces]
             turns = set()
             for i, p in enumerate(pieces):
                 if p.kind != "action" or "</think>" not in p.text or (keep_last and i == last_action and final):
                     continue
                 rest = p.text.split("</think>")[-1]
-                texts[i] = rest.lstrip() if strip else rest
+                texts[i] = rest.lstrip() if strip is None else rest.removeprefix(strip)
                 if i > 0 and pieces[i - 1].kind != "action":
                     for opener in ("<think>\n", "<think>"):
                         if texts[i - 1].endswith(opener):

@@ -34,6 +34,8 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -469,22 +471,22 @@ class ChatRenderer:
     def _literal_backend(self, *, every_added: bool, allowed: frozenset[str] = frozenset()) -> Any:
         """A private copy of the tokenizer that never matches special tokens (and, with
         ``every_added``, no added token at all) except those in ``allowed``: the shared
-        tokenizer is never mutated."""
+        tokenizer is never mutated. Made once per tokenizer and kind for every renderer of it
+        (:data:`_LITERAL_BACKENDS`): copying a 262k-token vocabulary costs seconds, and every
+        env built on a tokenizer needs the same copies."""
         if self._backend is None:
             raise TemplateError("tokenizing special-token text as text needs a fast (tokenizers) tokenizer")
-        from tokenizers import Tokenizer
-
-        spec = self._backend.to_str()
-        if every_added or allowed:
-            data = json.loads(spec)
-            for token in data.get("added_tokens") or ():
-                if token.get("content") in allowed:
-                    token["special"] = False
-                elif every_added:
-                    token["special"] = True
-            spec = json.dumps(data)
-        backend = Tokenizer.from_str(spec)
-        backend.encode_special_tokens = True
+        key = (id(self._backend), self._backend.get_vocab_size(with_added_tokens=True), every_added, allowed)
+        with _LITERAL_LOCK:
+            found = _LITERAL_BACKENDS.get(key)
+            if found is not None and found[0] is self._backend:
+                _LITERAL_BACKENDS.move_to_end(key)
+                return found[1]
+        backend = _literal_copy(self._backend, every_added, allowed)
+        with _LITERAL_LOCK:
+            _LITERAL_BACKENDS[key] = (self._backend, backend)
+            while len(_LITERAL_BACKENDS) > _LITERAL_CACHE_SIZE:
+                _LITERAL_BACKENDS.popitem(last=False)
         return backend
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -901,3 +903,28 @@ class ChatRenderer:
         return Rendered(
             text[start:end] + end_text, self.encode_action_text(text[start:end]) + list(end_ids)
         )
+
+
+_LITERAL_CACHE_SIZE = 16
+_LITERAL_LOCK = threading.Lock()
+_LITERAL_BACKENDS: OrderedDict[tuple[int, int, bool, frozenset[str]], tuple[Any, Any]] = OrderedDict()
+"""(the tokenizer's backend's id, its size with added tokens, kind) -> (that backend, its literal
+copy). The backend is kept with its copy, so an id is never reused while its entry lives; the size
+makes a tokenizer that gained tokens since get a new copy."""
+
+
+def _literal_copy(source: Any, every_added: bool, allowed: frozenset[str]) -> Any:
+    from tokenizers import Tokenizer
+
+    spec = source.to_str()
+    if every_added or allowed:
+        data = json.loads(spec)
+        for token in data.get("added_tokens") or ():
+            if token.get("content") in allowed:
+                token["special"] = False
+            elif every_added:
+                token["special"] = True
+        spec = json.dumps(data)
+    backend = Tokenizer.from_str(spec)
+    backend.encode_special_tokens = True
+    return backend

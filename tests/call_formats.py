@@ -113,6 +113,30 @@ def harmony(calls: Calls) -> str:
     )
 
 
+def minimax_m2(calls: Calls) -> str:
+    def value(v):
+        return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+
+    body = "".join(
+        f'<invoke name="{n}">' + "".join(f'<parameter name="{k}">{value(v)}</parameter>\n' for k, v in a.items()) + "</invoke>\n"
+        for n, a in calls
+    )
+    return f"\n<minimax:tool_call>\n{body}</minimax:tool_call>"
+
+
+def deepseek_v32(calls: Calls, block: str = "function_calls") -> str:
+    def parameter(k, v):
+        text, kind = (v, "true") if isinstance(v, str) else (json.dumps(v, ensure_ascii=False), "false")
+        return f'<｜DSML｜parameter name="{k}" string="{kind}">{text}</｜DSML｜parameter>\n'
+
+    body = "".join(f'<｜DSML｜invoke name="{n}">\n' + "".join(parameter(k, v) for k, v in a.items()) + "</｜DSML｜invoke>\n" for n, a in calls)
+    return f"\n\n<｜DSML｜{block}>\n{body}</｜DSML｜{block}>"
+
+
+def deepseek_v4(calls: Calls) -> str:
+    return deepseek_v32(calls, "tool_calls")
+
+
 FORMATS = {
     "hermes": hermes,
     "llama3_json": llama3_json,
@@ -126,6 +150,8 @@ FORMATS = {
     "glm45": glm45,
     "gemma4": gemma4,
     "harmony": harmony,
+    "minimax_m2": minimax_m2,
+    "deepseek_v32": deepseek_v32,
 }
 """One writer per registered family (the name its parser is registered under)."""
 
@@ -133,6 +159,7 @@ VARIANTS = {
     "deepseek_v31": ("deepseek_v3", deepseek_v31),
     "mistral_v11": ("mistral", mistral_v11),
     "glm47": ("glm45", glm47),
+    "deepseek_v4": ("deepseek_v32", deepseek_v4),
 }
 """Other forms a family's parser reads: name -> (family, writer)."""
 

@@ -6,13 +6,16 @@ DeepSeek, Mistral and Granite differ exactly where token-faithfulness breaks: an
 with calls that prints only the calls, tool results inside a user turn, a system prompt
 moved to the last user message, reasoning dropped from history, a generation prompt that
 depends on what came before. Where the pinned template corpus has a family's real template
-(Llama 3.1, Qwen3-Coder: :mod:`tokengym.envs.template_corpus`), that is the family's template;
-the others below are written for these tests in each family's style (same markers, same quirks),
-because no real one of theirs renders tools on a tokenizer we pin (Gemma 3's raises on a tool
-message, Granite 3.3's renders no calls, xLAM's is not in the corpus) or because the family's format is the
-style's point (Llama 3.2 pythonic, DeepSeek R1, Mistral v3's parallel calls: their real
-templates are rows of ``docs/templates.md``). The tokenizers' own templates that support tools
-are listed as families with ``chat_template=None``.
+that renders tools on a tokenizer we pin (:mod:`tokengym.envs.template_corpus`: Llama 3.1,
+Qwen3-Coder, DeepSeek V3.1, Granite 4.0), that is the family's template. Five are written for
+these tests in a family's style (same markers, same quirks), each because no real template of
+the corpus does what the style is for: Llama 3.2's pythonic calls and xLAM's bare JSON list (no
+real template in the corpus writes them), Gemma 3's pythonic calls (Gemma 3's own raises on a
+tool message), DeepSeek R1's reasoning dropped around DeepSeek's tool tokens (the real R1-distill
+templates move a call turn's content past its end; their rows in ``docs/templates.md`` say so)
+and Mistral v3's parallel calls with ids (not in the corpus). The Hermes format is Qwen2.5's own
+template (the real Hermes 2 Pro and 3 templates render only with tools; they are rows of the
+page). The tokenizers' own templates that support tools are listed as families with ``chat_template=None``.
 
 Whether a family is prefix-stable (rendering a conversation, then the same conversation
 plus new messages, only appends text) is a claim that :func:`render_stability` checks by
@@ -91,6 +94,11 @@ class Family:
     # The template prints calls only for ``content: None``, a key some transformers versions
     # drop before rendering (5.24 does, 5.5 does not): see :func:`drops_none_keys`.
     needs_none_content: bool = False
+    # The template writes the tools' schemas into the prompt (DeepSeek V3's and V3.1's never do).
+    shows_tools: bool = True
+    # An earlier turn's content loses its text up to ``</think>`` in history (DeepSeek V3.1), so a
+    # model that writes its reasoning there sees a new context in deploy mode.
+    think_text_dropped: bool = False
     # Control tokens of the family's own tokenizer that the paired (pinned) tokenizer lacks: added
     # to a copy of it as special tokens, as the family's tokenizer has them.
     extra_special_tokens: tuple[str, ...] = ()
@@ -145,40 +153,6 @@ and nothing else. The functions you can use, as JSON:
 {%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>{{ "\n\n" }}{% endif -%}
 """
 
-HERMES = r"""
-{%- set tools = tools if tools is defined else none -%}
-{%- if messages[0].role == 'system' -%}
-  {%- set system_text = messages[0].content -%}
-  {%- set messages = messages[1:] -%}
-{%- else -%}
-  {%- set system_text = "You are a function calling AI model." -%}
-{%- endif -%}
-<|im_start|>system{{ "\n" }}{{ system_text }}
-{%- if tools is not none %}{{ "\n\n" }}You may call functions. Their signatures, within <tools></tools> XML tags:
-<tools>
-{% for t in tools %}{{ t | tojson }}{{ "\n" }}{% endfor -%}
-</tools>
-For each call, write a JSON object with "name" and "arguments" within <tool_call></tool_call> XML tags:
-<tool_call>
-{"name": <function-name>, "arguments": <args-dict>}
-</tool_call>
-{%- endif %}<|im_end|>{{ "\n" }}
-{%- for m in messages -%}
-  {%- if m.role == 'assistant' -%}
-<|im_start|>assistant{{ "\n" }}{{ m.get('content') or '' }}
-    {%- for c in m.get('tool_calls') or [] -%}
-      {%- if loop.first and m.get('content') %}{{ "\n" }}{% elif not loop.first %}{{ "\n" }}{% endif -%}
-<tool_call>{{ "\n" }}{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson if c.function.arguments is mapping else c.function.arguments }}}{{ "\n" }}</tool_call>
-    {%- endfor -%}
-<|im_end|>{{ "\n" }}
-  {%- elif m.role == 'tool' -%}
-<|im_start|>tool{{ "\n" }}<tool_response>{{ "\n" }}{{ m.content }}{{ "\n" }}</tool_response><|im_end|>{{ "\n" }}
-  {%- else -%}
-<|im_start|>{{ m.role }}{{ "\n" }}{{ m.content }}<|im_end|>{{ "\n" }}
-  {%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt %}<|im_start|>assistant{{ "\n" }}{% endif -%}
-"""
 
 XLAM = r"""
 {%- set tools = tools if tools is defined else none -%}
@@ -261,44 +235,6 @@ GEMMA3_PYTHONIC = r"""
   {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt %}<start_of_turn>model{{ "\n" }}{% endif -%}
-"""
-
-# DeepSeek V3: tool outputs are closed with <｜tool▁outputs▁end｜> only before the next
-# assistant turn (or at the very end), and after tool outputs the generation prompt adds
-# no <｜Assistant｜>: the model answers right after the closing tag.
-DEEPSEEK_V3 = r"""
-{%- set ns = namespace(system="", in_tools=false) -%}
-{%- for m in messages if m.role == 'system' -%}
-  {%- set ns.system = ns.system + ("\n\n" if ns.system else "") + m.content -%}
-{%- endfor -%}
-{%- set tools = tools if tools is defined else none -%}
-{{- bos_token }}{{ ns.system -}}
-{%- if tools is not none %}{{ "\n\n" if ns.system else "" }}## Tools{{ "\n\n" }}You can call these functions:
-{% for t in tools %}{{ t | tojson }}{{ "\n" }}{% endfor %}{% endif -%}
-{%- for m in messages -%}
-  {%- if m.role == 'user' -%}
-    {%- set ns.in_tools = false -%}
-<｜User｜>{{ m.content }}
-  {%- elif m.role == 'assistant' -%}
-    {%- if ns.in_tools -%}<｜tool▁outputs▁end｜>{%- else -%}<｜Assistant｜>{%- endif -%}
-    {%- set ns.in_tools = false -%}
-    {{- m.get('content') or '' -}}
-    {%- if m.tool_calls -%}
-<｜tool▁calls▁begin｜>
-      {%- for c in m.tool_calls -%}
-        {%- if not loop.first %}{{ "\n" }}{% endif -%}
-<｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ c.function.name }}{{ "\n" }}```json{{ "\n" }}{{ c.function.arguments | tojson if c.function.arguments is mapping else c.function.arguments }}{{ "\n" }}```<｜tool▁call▁end｜>
-      {%- endfor -%}
-<｜tool▁calls▁end｜>
-    {%- endif -%}
-<｜end▁of▁sentence｜>
-  {%- elif m.role == 'tool' -%}
-    {%- if ns.in_tools -%}{{ "\n" }}<｜tool▁output▁begin｜>{%- else -%}<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>{%- endif -%}
-    {{- m.content }}<｜tool▁output▁end｜>
-    {%- set ns.in_tools = true -%}
-  {%- endif -%}
-{%- endfor -%}
-{%- if ns.in_tools -%}<｜tool▁outputs▁end｜>{%- elif add_generation_prompt -%}<｜Assistant｜>{%- endif -%}
 """
 
 # DeepSeek R1: DeepSeek's tool tokens; every earlier assistant turn loses its reasoning, and
@@ -395,40 +331,6 @@ MISTRAL_PARALLEL = r"""
 {%- endfor -%}
 """
 
-GRANITE = r"""
-{%- set tools = tools if tools is defined else none -%}
-{%- if messages[0].role == 'system' -%}
-  {%- set system_text = messages[0].content -%}
-  {%- set messages = messages[1:] -%}
-{%- else -%}
-  {%- set system_text = "Knowledge Cutoff Date: April 2024.\nYou are Granite, a helpful assistant." -%}
-{%- endif -%}
-<|start_of_role|>system<|end_of_role|>{{ system_text }}<|end_of_text|>{{ "\n" }}
-{%- if tools is not none -%}
-<|start_of_role|>available_tools<|end_of_role|>
-  {%- for t in tools %}{{ "\n" if not loop.first }}{{ t.function | tojson(indent=4) }}{% endfor -%}
-<|end_of_text|>{{ "\n" }}
-{%- endif -%}
-{%- for m in messages -%}
-  {%- if m.role == 'assistant' -%}
-<|start_of_role|>assistant<|end_of_role|>{{ m.get('content') or '' }}
-    {%- if m.tool_calls -%}
-<|tool_call|>[
-      {%- for c in m.tool_calls -%}
-{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson if c.function.arguments is mapping else c.function.arguments }}}{% if not loop.last %}, {% endif %}
-      {%- endfor -%}
-]
-    {%- endif -%}
-<|end_of_text|>{{ "\n" }}
-  {%- elif m.role == 'tool' -%}
-<|start_of_role|>tool_response<|end_of_role|>{{ m.content }}<|end_of_text|>{{ "\n" }}
-  {%- else -%}
-<|start_of_role|>{{ m.role }}<|end_of_role|>{{ m.content }}<|end_of_text|>{{ "\n" }}
-  {%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt %}<|start_of_role|>assistant<|end_of_role|>{% endif -%}
-"""
-
 
 def _template(text: str) -> str:
     # The sources above are laid out for reading; the leading newline is not part of the template.
@@ -467,17 +369,6 @@ TEMPLATE_FAMILIES: tuple[Family, ...] = (
         notes="tools in the system message; calls as a Python list; results as ipython turns",
     ),
     Family(
-        name="hermes",
-        tokenizer="qwen2.5",
-        chat_template=_template(HERMES),
-        parser="hermes",
-        prefix_stable=True,
-        call_markers=("<tool_call>\n{\"name\": ", "\n</tool_call>"),
-        control_tokens=("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"),
-        prints_call_content=True,
-        notes="ChatML; content and calls both printed; results in a tool role",
-    ),
-    Family(
         name="xlam",
         tokenizer="qwen2.5",
         chat_template=_template(XLAM),
@@ -514,18 +405,19 @@ TEMPLATE_FAMILIES: tuple[Family, ...] = (
         "so a user message right after them breaks the alternation and raises, as the real template does",
     ),
     Family(
-        name="deepseek-v3",
+        name="deepseek-v3.1",
         tokenizer="deepseek_v3",
-        chat_template=_template(DEEPSEEK_V3),
+        chat_template=_corpus("deepseek-ai-DeepSeek-V3.1"),
         parser="deepseek_v3",
         prefix_stable=True,
-        call_markers=("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>", "```json\n", "<｜tool▁calls▁end｜>"),
-        control_tokens=("<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜end▁of▁sentence｜>"),
+        call_markers=("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>", "<｜tool▁sep｜>{", "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+        control_tokens=("<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁output▁begin｜>", "<｜end▁of▁sentence｜>"),
         prints_call_content=True,
-        groups_tool_results=True,
+        shows_tools=False,
+        think_text_dropped=True,
         empty_generation_prompt_after=("tool",),
-        notes="after tool outputs the generation prompt is empty: <｜tool▁outputs▁end｜> closes them either way and "
-        "the model answers without <｜Assistant｜>; a user turn right after tool outputs omits that closing tag",
+        notes="the tool list is never rendered; a call is NAME<｜tool▁sep｜>{json}; the model answers tool outputs "
+        "without <｜Assistant｜>",
     ),
     Family(
         name="deepseek-r1",
@@ -557,17 +449,18 @@ TEMPLATE_FAMILIES: tuple[Family, ...] = (
         "control token",
     ),
     Family(
-        name="granite",
-        tokenizer="qwen2.5",
-        chat_template=_template(GRANITE),
-        parser="granite",
+        name="granite-4.0",
+        tokenizer="qwen3",
+        chat_template=_corpus("ibm-granite-granite-4.0"),
+        parser="hermes",
         prefix_stable=True,
-        call_markers=("<|tool_call|>[{", '"arguments": '),
-        control_tokens=("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<|tool_call|>"),
+        call_markers=("<tool_call>\n{\"name\": ", "}\n</tool_call>"),
+        control_tokens=("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<tool_call>"),
         prints_call_content=True,
-        extra_special_tokens=("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<|tool_call|>"),
-        notes="no pinned tokenizer has Granite's role tokens: they are added to a copy of qwen2.5 as special "
-        "tokens, as Granite's own tokenizer has them",
+        groups_tool_results=True,
+        extra_special_tokens=("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>"),
+        notes="no pinned tokenizer has Granite's role tokens: they are added to a copy of qwen3 as special "
+        "tokens, as Granite's own tokenizer has them; results are a user turn of <tool_response> blocks",
     ),
 )
 
@@ -624,6 +517,7 @@ REAL_FAMILIES: tuple[Family, ...] = (
         control_tokens=("<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁outputs▁end｜>"),
         arguments_as_text=True,
         needs_none_content=True,
+        shows_tools=False,
         groups_tool_results=True,
         empty_generation_prompt_after=("tool",),
         notes="calls render only for content None; the tool list is never rendered; arguments are concatenated "

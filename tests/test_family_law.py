@@ -43,7 +43,7 @@ def replay(fam: Family, messages: list[dict[str, Any]], tools: list[dict[str, An
             chat_template=fam.chat_template,
             template_kwargs=dict(fam.template_kwargs),
             # DeepSeek V3's own template never shows the tools (the model is told in its own words).
-            require_tools_in_prompt=fam.name != "deepseek_v3",
+            require_tools_in_prompt=fam.shows_tools,
             **{"conformance_schedule": "every_turn", **kwargs},  # the laws read each turn's status
         )
     )
@@ -74,8 +74,16 @@ def check_law(fam: Family, messages, tools) -> None:
         whole = whole_render(fam, r, messages, tools)
         stream = traj.token_ids.tolist()
         expected = r.encode(whole)
-        assert expected[: len(stream)] == stream
-        assert r.decode(expected[len(stream) :]).strip() == ""  # only the template's trailing glue
+        if expected[: len(stream)] != stream:
+            # The text is the whole render's, but re-encoding it merges a model's first token
+            # with the prompt's last text (DeepSeek V3.1's generation prompt ends with a plain-text
+            # "<think></think>", and "." after it encodes as ">."): only right before an action.
+            assert whole.startswith(r.decode(stream))
+            first = next(i for i, (a, b) in enumerate(zip(stream, expected)) if a != b)
+            starts = {int(i) for i in np.flatnonzero(np.diff(np.concatenate([[0], traj.mask])) == 1)}
+            assert first + 1 in starts, (first, sorted(starts))
+        else:
+            assert r.decode(expected[len(stream) :]).strip() == ""  # only the template's trailing glue
     # The mask is 1 on exactly the replayed assistant tokens.
     actions = [t for a in traj.actions for t in a.token_ids]
     assert traj.token_ids[traj.mask == 1].tolist() == actions
@@ -120,7 +128,7 @@ def test_check_template_exit_code_says_whether_the_template_is_prefix_stable(fam
         argv += ["--template-kwarg", f"{key}={json.dumps(value)}"]
     code = main(argv)
     out, err = capsys.readouterr()
-    if fam.name == "deepseek_v3":  # its template never shows the tools: refused, naming the fix
+    if not fam.shows_tools:  # the template never shows the tools: refused, naming the fix
         assert code == 2 and "CHATML_TOOLS" in err
     elif fam.prefix_stable:
         assert code == 0 and "0 mismatch" in out, out

@@ -147,6 +147,8 @@ import warnings  # noqa: E402
 
 from tokengym.envs import (  # noqa: E402
     DeepSeekParser,
+    DSMLParser,
+    MiniMaxM2Parser,
     Gemma4Parser,
     GLMParser,
     GraniteParser,
@@ -186,6 +188,8 @@ def test_every_family_is_registered_under_its_names():
         "kimi_k2": KimiK2Parser, "kimi": KimiK2Parser,
         "glm45": GLMParser, "glm47": GLMParser, "glm": GLMParser, "glm4_moe": GLMParser,
         "harmony": HarmonyParser, "gpt_oss": HarmonyParser, "openai": HarmonyParser, "gemma4": Gemma4Parser,
+        "minimax_m2": MiniMaxM2Parser, "minimax": MiniMaxM2Parser,
+        "deepseek_v32": DSMLParser, "deepseek_v4": DSMLParser, "dsml": DSMLParser,
     }
     for name, cls in expected.items():
         parser = get_parser(name)
@@ -216,6 +220,8 @@ AROUND = {
     "glm45": ("<think>I add.</think>\n", "\n"),
     "gemma4": ("I will add.", "<|tool_response>"),
     "harmony": ("<|channel|>analysis<|message|>I add.<|end|>", ""),
+    "minimax_m2": ("<think>\nI add.\n</think>\n\nAdding.", ""),
+    "deepseek_v32": ("</think>I add.", ""),
 }
 
 
@@ -361,6 +367,20 @@ MALFORMED = {
         ("<|tool_call>call:add{a:}<tool_call|>", "a missing value"),
         ("<|tool_call>call:add{a:1} extra<tool_call|>", "text after its arguments"),
     ],
+    "minimax_m2": [
+        ('<minimax:tool_call>\n<invoke>\n<parameter name="a">1</parameter>\n</invoke>', "has no tool name"),
+        ('<invoke name="">\n</invoke>', "has no tool name"),
+        ('<invoke name="add"><parameter name="a">1</parameter>', "is not closed"),
+        ('<invoke name="add"><parameter name="a">1</invoke>', 'parameter "a" without its closing'),
+        ('<invoke name="add"><parameter>1</parameter></invoke>', 'without name="ARG_NAME"'),
+        ('<invoke name="add"><parameter name="a" 1</parameter></invoke>', 'without name="ARG_NAME"'),
+        ('<invoke name="add">words</invoke>', "text that is not a <parameter"),
+        ('<invoke name="add"><parameter name="a">1</parameter><parameter name="a">2</parameter></invoke>', 'gives parameter "a" twice'),
+    ],
+    "deepseek_v32": [
+        ('<｜DSML｜invoke name="add">\n<｜DSML｜parameter name="a" string="false">1</｜DSML｜parameter>\n', "is not closed"),
+        ('<｜DSML｜invoke name="add">\n<parameter name="a">1</parameter>\n</｜DSML｜invoke>', "text that is not a <｜DSML｜parameter"),
+    ],
     "llama3_json": [
         ('{"name": "add", "parameters": {"a": 1}} {"name": 5}', 'tool call 2 has no "name" string'),
     ],
@@ -394,7 +414,7 @@ def test_pathological_input_never_raises_in_any_parser(family, kind):
     assert len(parsed) == 1
     (call,) = parsed
     if call.ok:  # only where values are text (Qwen3-Coder, GLM): what does not read as the schema's type is kept
-        assert family in ("qwen3_coder", "glm45", "gemma4") and call.arguments["a"] == raw
+        assert family in ("qwen3_coder", "glm45", "gemma4", "minimax_m2", "deepseek_v32") and call.arguments["a"] == raw
     else:
         assert call.error.endswith(parser.hint) and len(call.error) < 600
         assert any(w in call.error for w in ("nested", "digits", "too large", "levels deep")), call.error

@@ -290,3 +290,24 @@ def test_a_tokenizer_class_with_its_own_decode_keeps_it(qwen25):
     tok.__class__ = Shouting
     r = ChatRenderer(tok)
     assert not r._direct_decode and r.decode(tok.encode("abc", add_special_tokens=False)) == "ABC"
+
+
+def test_renderers_of_one_tokenizer_share_its_literal_copies_until_it_gains_tokens():
+    from tokengym.envs import render as render_module
+
+    tok = load_tokenizer("qwen2.5")  # a new object: ours to change
+    text = "says <|im_end|> and <tool_call> and <|tokengym_new|>"
+    first, second = ChatRenderer(tok), ChatRenderer(tok)
+    ids = first.encode_plain(text)
+    assert second.encode_plain(text) == ids and second._plain_backend is first._plain_backend
+    assert second.encode_action_text("<tool_call>x") == first.encode_action_text("<tool_call>x")
+    assert second._action_backend is first._action_backend
+    # Another tokenizer object never gets this one's copies.
+    assert ChatRenderer(load_tokenizer("qwen2.5"))._literal_backend(every_added=True) is not first._plain_backend
+    # A token added since: a renderer made now gets a new copy, which keeps the new token's text as text.
+    tok.add_tokens(["<|tokengym_new|>"], special_tokens=True)
+    third = ChatRenderer(tok)
+    new_id = tok.convert_tokens_to_ids("<|tokengym_new|>")
+    assert new_id not in third.encode_plain(text) and third._plain_backend is not first._plain_backend
+    assert third.decode(third.encode_plain(text)) == text
+    assert len(render_module._LITERAL_BACKENDS) <= render_module._LITERAL_CACHE_SIZE

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import socket
 import tarfile
 from dataclasses import replace
@@ -158,6 +159,20 @@ def test_the_readme_quotes_the_pages_counts():
     (counts,) = [line for line in page.splitlines() if line.startswith("**") and " work**" in line]
     readme = (PAGE.parents[1] / "README.md").read_text(encoding="utf-8")
     assert counts.rstrip(":") + "." in " ".join(readme.split()), "README's template counts differ from docs/templates.md"
+
+
+def test_the_readmes_family_table_is_the_pages():
+    rows = [tm.Row.from_cells(c) for c in _committed().values()]
+    readme = (PAGE.parents[1] / "README.md").read_text(encoding="utf-8")
+    assert tm.with_family_table(readme, rows) == readme, (
+        "README's family table differs from docs/templates.md; run python -m tokengym.envs.template_matrix --readme README.md"
+    )
+    lines = tm.family_table(rows).splitlines()[2:]
+    listed = [n for line in lines for n in re.sub(r" \([^)]*\)", "", line.split(" | ")[1]).split(", ")]
+    assert sorted(listed) == sorted(r.name for r in rows if r.works)
+    assert len(lines) == len({r.parser.removesuffix(" (guessed)") for r in rows if r.works})
+    with pytest.raises(ValueError, match="markers"):
+        tm.with_family_table("# no markers here\n", rows)
 
 
 def test_unknown_names_are_clear_errors(templates, capsys):

@@ -204,7 +204,7 @@ def test_two_grpo_iterations_of_smollm2_stay_on_policy_across_turns():
     torch.manual_seed(0)
     model, tokenizer = load_smollm2(progress=False)
     config = GRPOConfig(
-        iterations=2, tasks_per_iteration=1, group_size=4, eval_episodes=4,  # one group: half the backward pass memory of two (12 GB RSS)
+        iterations=2, tasks_per_iteration=1, group_size=4, eval_episodes=1,  # one group: half the backward pass memory of two (12 GB RSS)
         sampling=SamplingParams(max_tokens=48), eval_sampling=SamplingParams(max_tokens=48, temperature=0.0),
     )
     run = train_grpo(

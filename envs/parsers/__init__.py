@@ -25,7 +25,11 @@ Each parser knows one model family's format (registered names, aliases in bracke
 * ``"harmony"`` (``"gpt_oss"``, ``"openai"``): gpt-oss's messages to ``functions.NAME``,
   ``<|start|>assistant to=functions.NAME<|channel|>commentary <|constrain|>json<|message|>{json}<|call|>``;
   it also splits a turn into analysis, answer and call (:meth:`~HarmonyParser.split_message`);
-* ``"gemma4"``: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>`` in Gemma's own argument notation.
+* ``"gemma4"``: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>`` in Gemma's own argument notation;
+* ``"minimax_m2"`` (``"minimax"``): ``<minimax:tool_call>\n<invoke name="NAME"><parameter name="KEY">VALUE</parameter>\n</invoke>\n</minimax:tool_call>``;
+* ``"deepseek_v32"`` (``"deepseek_v4"``, ``"dsml"``): DeepSeek V3.2's and V4's DSML,
+  ``<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="KEY" string="true">VALUE</｜DSML｜parameter>\n</｜DSML｜invoke>``
+  inside ``<｜DSML｜function_calls>`` (V4: ``tool_calls``); the strings' text, JSON otherwise.
 
 :func:`detect_parser` picks a family from a chat template (:func:`detect_parser_evidence` also
 says what decided it, or that it guessed), :func:`get_parser` resolves a name, an instance or
@@ -38,7 +42,7 @@ tool call (another family's marker, or a call naming one of the episode's tools)
 :class:`~tokengym.envs.ToolEnv` can answer with an error instead of scoring it.
 
 One module per family (``hermes``, ``llama3_json``, ``pythonic``, ``qwen3_coder``, ``deepseek``,
-``mistral``, ``xlam``, ``granite``, ``kimi_k2``, ``glm``, ``harmony``, ``gemma4``); ``base`` holds :class:`ToolCallParser` and what every family
+``mistral``, ``xlam``, ``granite``, ``kimi_k2``, ``glm``, ``harmony``, ``gemma4``, ``invoke``); ``base`` holds :class:`ToolCallParser` and what every family
 shares, ``registry`` the names and the detection from chat templates, ``evidence``
 :func:`call_evidence`. This package re-exports their public names.
 """
@@ -51,6 +55,7 @@ from .hermes import HermesParser
 from .gemma4 import Gemma4Parser
 from .glm import GLMParser
 from .harmony import HarmonyParser
+from .invoke import DSMLParser, MiniMaxM2Parser
 from .kimi_k2 import KimiK2Parser
 from .llama3_json import Llama3JsonParser
 from .mistral import MistralParser
@@ -65,6 +70,7 @@ __all__ = [
     "CALL_MARKERS",
     "MAX_ARGUMENT_DEPTH",
     "PARSERS",
+    "DSMLParser",
     "DeepSeekParser",
     "GraniteParser",
     "HermesParser",
@@ -73,6 +79,7 @@ __all__ = [
     "HarmonyParser",
     "KimiK2Parser",
     "Llama3JsonParser",
+    "MiniMaxM2Parser",
     "MistralParser",
     "ParsedCall",
     "ParserDetection",

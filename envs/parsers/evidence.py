@@ -27,6 +27,8 @@ CALL_MARKERS: tuple[str, ...] = (
     "<|tool_call_begin|>",
     "to=functions.",
     "<|tool_call>",
+    "<minimax:tool_call>",
+    "<｜DSML｜invoke",
 )
 
 

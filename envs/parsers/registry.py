@@ -20,6 +20,7 @@ from .glm import GLMParser
 from .granite import GraniteParser
 from .harmony import HarmonyParser
 from .hermes import HermesParser
+from .invoke import DSMLParser, MiniMaxM2Parser
 from .kimi_k2 import KimiK2Parser
 from .llama3_json import Llama3JsonParser
 from .mistral import MistralParser
@@ -56,6 +57,11 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "gemma4": Gemma4Parser,
     "gpt_oss": HarmonyParser,
     "openai": HarmonyParser,
+    "minimax_m2": MiniMaxM2Parser,
+    "minimax": MiniMaxM2Parser,
+    "deepseek_v32": DSMLParser,
+    "deepseek_v4": DSMLParser,
+    "dsml": DSMLParser,
 }
 
 
@@ -84,6 +90,8 @@ _DETECTION: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("harmony", ("<|channel|>commentary", "<|constrain|>")),
     ("gemma4", ("<|tool_call>call:",)),
     ("kimi_k2", ("<|tool_calls_section_begin|>",)),
+    ("deepseek_v32", ("｜DSML｜",)),
+    ("minimax_m2", ("<minimax:tool_call>",)),
     ("deepseek_v3", ("tool▁calls▁begin", "tool▁call▁begin")),
     ("mistral", ("[TOOL_CALLS]",)),
     ("granite", ("<|tool_call|>",)),

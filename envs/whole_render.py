@@ -38,7 +38,7 @@ from types import BuiltinMethodType
 from typing import TYPE_CHECKING, Any
 
 from .plain_copy import NotPlainData, plain_copy, plain_data
-from .template_inputs import Message, TemplateError, _string_arguments
+from .template_inputs import Message, TemplateError, string_arguments
 
 if TYPE_CHECKING:
     from .render import ChatRenderer
@@ -321,7 +321,7 @@ class WholeRenderer:
             if known is not None and known[0] is message and known[2] == strings and _unchanged(known[1], message):
                 out.append(known[3])
                 continue
-            form = self._form(_string_arguments([message])[0] if strings else message)
+            form = self._form(string_arguments([message])[0] if strings else message)
             try:
                 entry = (message, plain_copy(message), strings, form)
             except Exception:  # not copyable: converted again next time

@@ -58,6 +58,8 @@ class ContinuousDecoder:
         self.steps = 0
         """Decode steps run (a step serves every running request at once)."""
         self.max_batch = 0
+        self.late_joins = 0
+        """Requests admitted into a batch that was already decoding (they arrived mid-generation)."""
 
     def submit(self, context: list[int], params: SamplingParams) -> Future:
         """Queue one request; the future gets its :class:`Generation`."""
@@ -91,6 +93,8 @@ class ContinuousDecoder:
                 waiting = [r for r in waiting if r is not None]
             with torch.inference_mode():
                 for joined, new in self._admit(waiting):
+                    if rows:
+                        self.late_joins += len(joined)
                     state = new if state is None else state.join(new)
                     rows += joined
                 if rows:
@@ -183,7 +187,7 @@ class ContinuousDecoder:
             batch.next_ids[i, 0] = tok
             r.ids.append(tok)
             r.logprobs.append(float(logprobs[i, tok]))
-            r.finish = self.policy._finished(r.ids, r.params)
+            r.finish = self.policy.finish_reason(r.ids, r.params)
             if r.finish is None:
                 keep.append(i)
         self.policy.sampled(len(rows))  # before any finished request is resolved: counted while it runs

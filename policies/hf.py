@@ -161,7 +161,7 @@ class HFPolicy:
                 next_ids[i] = tok
                 out_ids[i].append(tok)
                 out_lp[i].append(float(logprobs[i, tok]))
-                finish[i] = self._finished(out_ids[i], p)
+                finish[i] = self.finish_reason(out_ids[i], p)
                 live += 1
             self.sampled(live)
             if all(f is not None for f in finish):
@@ -240,7 +240,9 @@ class HFPolicy:
         if decoder is not None:
             decoder.close()
 
-    def _finished(self, out: list[int], p: SamplingParams) -> str | None:
+    def finish_reason(self, out: list[int], p: SamplingParams) -> str | None:
+        """Why a request whose tokens so far are ``out`` ends here (``"stop"``, ``"stop_string"``,
+        ``"length"``), or ``None`` while it goes on: one rule for both decode loops."""
         if out[-1] in p.stop_token_ids:
             return "stop"
         if p.stop_strings:

@@ -14,8 +14,13 @@ not there fails at once instead of being taken for a hub name.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
+import json
 import os
+import shutil
+import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +30,7 @@ __all__ = [
     "BUNDLED_MODEL_NAMES",
     "SMOLLM2_GGUF",
     "ModelChoice",
+    "converted_smollm2_dir",
     "is_bundled_model",
     "load_model",
     "load_smollm2",
@@ -86,18 +92,64 @@ def _quiet_loading() -> Iterator[None]:
 
 
 def _load_smollm2_model(**from_pretrained: Any) -> Any:
+    """The model from its converted copy in the cache when there is one; else from the GGUF file
+    (de-quantized: most of a minute on 2 cores), and the converted copy is written for next time."""
     from transformers import AutoModelForCausalLM
 
-    folder = smollm2_dir()
-    for module in ("gguf", "accelerate"):
-        if importlib.util.find_spec(module) is None:
-            raise ModuleNotFoundError(f"loading GGUF weights needs {module}: {INSTALL_HINT}")
     kwargs = {"dtype": "float32", **from_pretrained}
-    model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=SMOLLM2_GGUF, **kwargs)
+    converted = converted_smollm2_dir()
+    if (converted / "config.json").is_file():
+        model = AutoModelForCausalLM.from_pretrained(str(converted), **kwargs)
+    else:
+        for module in ("gguf", "accelerate"):
+            if importlib.util.find_spec(module) is None:
+                raise ModuleNotFoundError(f"loading GGUF weights needs {module}: {INSTALL_HINT}")
+        model = AutoModelForCausalLM.from_pretrained(str(smollm2_dir()), gguf_file=SMOLLM2_GGUF, **kwargs)
+        if kwargs == {"dtype": "float32"}:
+            _write_converted(model, converted)
     # Named by the model, not by the folder it was read from (a path of this machine), in every record.
     model.config._name_or_path = SMOLLM2
     model.name_or_path = SMOLLM2
     return model
+
+
+def converted_smollm2_dir() -> Path:
+    """Where the bundled model's float32 weights, converted from its GGUF file, are kept: in the
+    tokengym cache, named by the GGUF file (size and modification time) and the transformers
+    version that converted it, so another install or another transformers converts again."""
+    import transformers
+
+    from tokengym.envs.tokenizers import cache_dir
+
+    gguf = smollm2_dir() / SMOLLM2_GGUF
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}".encode()).hexdigest()[:16]
+    return cache_dir() / "models" / f"{SMOLLM2}-{key}"
+
+
+def _write_converted(model: Any, folder: Path) -> None:
+    """Save the converted model beside its final name, then rename it there: a reader never sees
+    half a copy, and of two processes converting at once the first rename wins."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    quantizer = getattr(model, "hf_quantizer", None)
+    try:
+        # GGUF weights are de-quantized on load: the model holds plain float32 tensors, but
+        # transformers keeps the GGUF "quantizer" on it and refuses to save it.
+        model.hf_quantizer = None
+        try:
+            model.save_pretrained(str(partial))
+        finally:
+            model.hf_quantizer = quantizer
+        config = json.loads((partial / "config.json").read_text(encoding="utf-8"))
+        if config.pop("quantization_config", None) is not None:
+            (partial / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        os.rename(partial, folder)
+    except Exception as err:  # noqa: BLE001 -- a copy not kept is said, and the model is still returned
+        shutil.rmtree(partial, ignore_errors=True)
+        if not (folder / "config.json").is_file():
+            warnings.warn(f"could not keep the converted {SMOLLM2} weights in {folder} ({err}); the next load "
+                          "converts the GGUF file again", RuntimeWarning, stacklevel=3)
 
 
 @dataclass(frozen=True)

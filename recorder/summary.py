@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from .store import MANIFEST_NAME, SCHEMA_VERSION, StoreError, log_paths, shard_paths
-from .store.manifest import _read_manifest
-from .store.reader import _store_batches
+from .store.manifest import read_manifest
+from .store.reader import store_batches
 
 __all__ = ["Totals", "format_summary", "summarize_store", "summarize_with_totals", "summary_rows"]
 
@@ -134,7 +134,7 @@ def summarize_with_totals(path: str | os.PathLike[str]) -> tuple[dict[str, Any],
     """(:func:`summarize_store`'s dict, the totals it was made of: the per-episode values)."""
     root = Path(path)
     shards = shard_paths(root)  # FileNotFoundError when not a directory
-    manifest = _read_manifest(root)
+    manifest = read_manifest(root)
     if manifest is None and not shards and not log_paths(root):
         raise StoreError(
             f"{root}: not a trajectory store (no {MANIFEST_NAME} and no part-*.parquet shard); "
@@ -144,7 +144,7 @@ def summarize_with_totals(path: str | os.PathLike[str]) -> tuple[dict[str, Any],
     fingerprint = manifest.get("tokenizer_hash") if manifest else None
     totals = Totals()
     in_log = 0
-    for batch, file, _ in _store_batches(root, None, None, _SUMMARY_COLUMNS, 1024):
+    for batch, file, _ in store_batches(root, None, None, _SUMMARY_COLUMNS, 1024):
         if name is None or fingerprint is None:
             meta = json.loads((batch.schema.metadata or {}).get(b"tokengym", b"{}"))
             name, fingerprint = name or meta.get("tokenizer_name"), fingerprint or meta.get("tokenizer_hash")

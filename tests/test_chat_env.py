@@ -191,6 +191,27 @@ def test_context_limit_truncates_before_overflowing(qwen25):
     assert total <= 60 and info["num_tokens"] == total
 
 
+def test_a_completion_budget_caps_one_episode_and_is_passed_at_reset(qwen25):
+    from tokengym.envs.chat import COMPLETION_BUDGET
+
+    env = Echo(qwen25, rounds=10, max_context_tokens=4000)
+    obs, info = env.reset(seed=0, options={COMPLETION_BUDGET: 12})
+    prompt = len(obs)
+    assert info["remaining_context"] == 12 and env.max_context_tokens == 4000  # the env is not changed
+    total, done = prompt, False
+    while not done:
+        obs, _, term, trunc, info = env.step([9707] * 5)
+        total += 5 + len(obs)
+        done = term or trunc
+    assert trunc and info["stop_reason"] == "context_length" and total - prompt <= 12
+    # The next episode without one has the env's own limit again.
+    obs, info = env.reset(seed=0)
+    assert info["remaining_context"] == 4000 - len(obs)
+    for bad in (0, -3, 2.5, True, "12"):
+        with pytest.raises(ValueError, match="positive int"):
+            env.reset(seed=0, options={COMPLETION_BUDGET: bad})
+
+
 def test_prompt_longer_than_context_is_refused(qwen25):
     with pytest.raises(ValueError, match="max_context_tokens"):
         Echo(qwen25, max_context_tokens=5).reset(seed=0)

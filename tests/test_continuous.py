@@ -57,6 +57,27 @@ def test_requests_that_join_late_sample_what_they_would_alone(policy):
     assert decoder.steps - steps < sum(p.max_tokens for p in PARAMS)
 
 
+def test_a_request_sent_while_another_decodes_joins_its_batch(policy):
+    long, late = SamplingParams(max_tokens=60, seed=7), PARAMS[1]
+    alone = policy.generate([CONTEXTS[1]], [late])[0]
+
+    async def run():
+        first = asyncio.ensure_future(policy.agenerate([CONTEXTS[0]], [long]))
+        while policy._decoder is None or not policy._decoder.steps > steps_before:
+            await asyncio.sleep(0.001)  # the first request is decoding now
+        joins = policy._decoder.late_joins
+        second = (await policy.agenerate([CONTEXTS[1]], [late]))[0]
+        return joins, second, first.done(), (await first)[0]
+
+    steps_before = policy._decoder.steps if policy._decoder else 0
+    joins, second, first_done_before, first = asyncio.run(run())
+    # It joined the running batch (not a batch of its own after the first ended), finished first,
+    # and sampled what it samples alone.
+    assert policy._decoder.late_joins == joins + 1 and not first_done_before
+    assert second.token_ids.tolist() == alone.token_ids.tolist() and len(first.token_ids) == 60
+    np.testing.assert_allclose(second.logprobs, alone.logprobs, atol=1e-5)
+
+
 def test_stop_tokens_and_strings_end_a_request_inside_the_batch(policy, qwen3):
     free = policy.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0))[0].token_ids.tolist()
     text = qwen3.decode(free[:3])

@@ -1,4 +1,5 @@
-"""Dependencies go one way: envs <- policies <- recorder <- recorder.drivers <- integrations and the CLI.
+"""Dependencies go one way: envs <- policies <- recorder <- recorder.drivers <- integrations and the CLI;
+and what one module takes from another is public in it (no ``from .x import _private``).
 
 Every module's imports are read with ``ast`` (nothing is imported), including the imports
 inside functions: a lazy import is still a dependency, it only runs later. An import under
@@ -233,6 +234,48 @@ def test_the_checks_find_a_cycle_and_an_upward_import(tmp_path):
     assert "tokengym.policies -> tokengym.envs.b (line 1)" in map(str, edges)  # ``from pkg import module``
 
 
+def private_imports(mods: dict[str, Path]) -> list[str]:
+    """Every ``from M import _name`` of one project module from another: what crosses a module
+    boundary is public in its module (dunder names aside)."""
+    found = []
+    for name, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        for node, _ in _imports(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = name.split(".")
+                base = base[: len(base) - node.level + (1 if is_pkg else 0)]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            if module == name or not module.startswith("tokengym"):
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{name} imports {module}.{alias.name} (line {node.lineno})")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    bad = private_imports(modules(package_dirs(ROOT)))
+    assert not bad, "private names used across modules (make them public where they are defined):\n" + "\n".join(bad)
+
+
+def test_the_private_import_check_finds_one(tmp_path):
+    (tmp_path / "envs").mkdir()
+    (tmp_path / "envs" / "__init__.py").write_text("")
+    (tmp_path / "envs" / "a.py").write_text("def _helper():\n    pass\n\n_OK = 1\n")
+    (tmp_path / "envs" / "b.py").write_text(
+        "from .a import _helper\nfrom . import a\nfrom .a import __doc__\n\ndef f():\n    from tokengym.envs.a import _OK\n"
+    )
+    (tmp_path / "pyproject.toml").write_text('[tool.setuptools]\npackage-dir = { "tokengym.envs" = "envs" }\n')
+    assert private_imports(modules(package_dirs(tmp_path))) == [
+        "tokengym.envs.b imports tokengym.envs.a._helper (line 1)",
+        "tokengym.envs.b imports tokengym.envs.a._OK (line 6)",
+    ]
+
+
 def test_the_architecture_doc_names_these_layers_and_files_that_exist():
     doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     top = ", ".join(t.removeprefix("tokengym.") for t in TOP)
@@ -242,3 +285,90 @@ def test_the_architecture_doc_names_these_layers_and_files_that_exist():
     assert len(paths) >= 10
     missing = sorted(p for p in paths if not (ROOT / p).is_file())
     assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
+
+
+# ------------------------------------------------------------------ the walk of one token
+WALK_START, WALK_END = "| # | file | its one job |", "Off that path:"
+
+
+def _walk_files(doc: str) -> set[str]:
+    """The project files the walk of docs/architecture.md names (its table, brackets included)."""
+    table = doc[doc.index(WALK_START) : doc.index(WALK_END)]
+    named = set(re.findall(r"`((?:envs|policies|recorder)/[\w/<>]+\.py)`", table))
+    engines = re.search(r"`policies/<engine>\.py` \(([^)]*)\)", table)
+    if engines:  # the adapters row: policies/<engine>.py for each engine it names
+        named.discard("policies/<engine>.py")
+        named |= {f"policies/{e.strip(' `')}.py" for e in engines.group(1).split(",")}
+    return named
+
+
+def _traced_turns(tmp_path) -> set[str]:
+    """The project files whose code runs while episodes' turns are generated, stepped, recorded
+    and written (construction and reset not counted: they are not the path of a token), with the
+    files of the functions that called them."""
+    import sys
+    import threading
+
+    from conftest import real_tokenizer
+    from tokengym.envs import CalculatorEnv
+    from tokengym.policies import ScriptedPolicy
+    from tokengym.recorder import TrajectoryWriter, rollout
+    from tokengym.recorder.drivers.episodes import EpisodeSlot
+
+    roots = {str(ROOT / d): d for d in ("envs", "policies", "recorder")}
+    seen: set[str] = set()
+
+    def note(filename: str) -> None:
+        for root, name in roots.items():
+            if filename.startswith(root + "/"):
+                seen.add(name + filename[len(root) :])
+
+    def profile(frame, event, arg):
+        if event == "call":
+            note(frame.f_code.co_filename)
+
+    def traced(fn):
+        def wrapper(*args, **kwargs):
+            caller = sys._getframe(1)
+            while caller is not None:
+                note(caller.f_code.co_filename)
+                caller = caller.f_back
+            before = sys.getprofile()
+            sys.setprofile(profile)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sys.setprofile(before)
+
+        return wrapper
+
+    tok = real_tokenizer("qwen2.5")
+    answer = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2 + 2"}}\n</tool_call>'
+    policy = ScriptedPolicy(lambda ctx: answer if ctx.tolist().count(151644) < 4 else "<answer>4</answer>", tok,
+                            end_ids=[151645])
+    originals = {(EpisodeSlot, m): getattr(EpisodeSlot, m) for m in ("params", "step", "advance")}
+    originals[(ScriptedPolicy, "generate")] = ScriptedPolicy.generate
+    originals[(TrajectoryWriter, "write")] = TrajectoryWriter.write
+    try:
+        for (cls, name), fn in originals.items():
+            setattr(cls, name, traced(fn))
+        with TrajectoryWriter(tmp_path / "store", tokenizer=tok, shard_size=1) as writer:
+            r = rollout(lambda: CalculatorEnv(tok), policy, episodes=2, concurrency=1, seed=0, progress=False,
+                        on_episode=writer.write)
+    finally:
+        for (cls, name), fn in originals.items():
+            setattr(cls, name, fn)
+    assert r.stats.failed == 0 and r.stats.turns == 4, r.stats.errors
+    assert threading.current_thread() is threading.main_thread()
+    return seen
+
+
+def test_the_architecture_walk_names_the_files_a_token_crosses(tmp_path):
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    named, traced = _walk_files(doc), _traced_turns(tmp_path)
+    assert traced - named == set(), f"docs/architecture.md's walk leaves out files a turn runs: {sorted(traced - named)}"
+    assert named - traced <= {"policies/hf.py", "policies/vllm.py", "policies/openai_server.py", "policies/continuous.py"}, (
+        f"docs/architecture.md's walk names files a turn does not run: {sorted(named - traced)}"
+    )
+    count = re.search(r"a token crosses (\d+) files", doc)
+    assert count and int(count.group(1)) == len(traced), f"the walk should say: a token crosses {len(traced)} files"

@@ -3,6 +3,8 @@ bundled SmolLM2 by name without the hub, and a missing folder named at once."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tokengym.envs.tokenizers import check_local_path, load_tokenizer, looks_like_path
@@ -103,6 +105,49 @@ def test_the_template_line_says_which_template_and_why():
 
 
 # ---------------------------------------------------------------- the real bundled model
+@needs_smollm2
+def test_the_bundled_model_is_converted_once_and_holds_the_gguf_weights():
+    """The first load de-quantizes the GGUF file and keeps the float32 copy; every load after
+    reads that copy. Its embedding is the GGUF file's, de-quantized by the gguf package itself."""
+    import json
+
+    import gguf
+    import numpy as np
+
+    from tokengym.policies.model_loading import SMOLLM2_GGUF, converted_smollm2_dir, load_smollm2, smollm2_dir
+
+    model, _ = load_smollm2(progress=False)
+    folder = converted_smollm2_dir()
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config and (folder / "model.safetensors").is_file()
+    assert model.name_or_path == "SmolLM2-135M-Instruct" and getattr(model, "hf_quantizer", None) is None
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}-")]  # no half copy left
+    (embedding,) = [t for t in gguf.GGUFReader(str(smollm2_dir() / SMOLLM2_GGUF)).tensors if t.name == "token_embd.weight"]
+    expected = gguf.dequantize(embedding.data, embedding.tensor_type)
+    np.testing.assert_array_equal(model.get_input_embeddings().weight.detach().numpy(), expected)
+
+
+def test_a_converted_copy_that_cannot_be_kept_is_said_and_leaves_nothing(tmp_path, monkeypatch):
+    from tokengym.policies import model_loading
+
+    class Model:  # writes what save_pretrained writes; only the rename fails
+        hf_quantizer = "gguf"
+
+        def save_pretrained(self, folder):
+            (tmp_path / "seen").write_text(repr(self.hf_quantizer))
+            (Path(folder) / "config.json").write_text('{"quantization_config": {"quant_method": "gguf"}}')
+
+    def no_rename(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(model_loading.os, "rename", no_rename)
+    model, target = Model(), tmp_path / "models" / "SmolLM2-x"
+    with pytest.warns(RuntimeWarning, match="could not keep the converted .* No space left on device"):
+        model_loading._write_converted(model, target)
+    assert list((tmp_path / "models").iterdir()) == [] and model.hf_quantizer == "gguf"
+    assert (tmp_path / "seen").read_text() == "None"  # saved without the quantizer, which is given back
+
+
 @needs_smollm2
 @pytest.mark.slow
 def test_hf_policy_by_name_loads_the_bundled_model_and_its_tokenizer():

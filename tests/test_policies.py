@@ -94,8 +94,8 @@ def test_stop_strings_spelled_by_many_tokens_end_generation(policy, qwen3):
     out = qwen3.encode("Say " + stop, add_special_tokens=False)
     assert len(qwen3.encode(stop, add_special_tokens=False)) > 16
     sp = SamplingParams(max_tokens=100, stop_strings=(stop,))
-    assert policy._finished(out, sp) == "stop_string"
-    assert policy._finished(out[:-1], sp) is None
+    assert policy.finish_reason(out, sp) == "stop_string"
+    assert policy.finish_reason(out[:-1], sp) is None
 
 
 def test_filters_keep_the_right_tokens():

@@ -292,7 +292,7 @@ def test_a_tokenizer_class_with_its_own_decode_keeps_it(qwen25):
     assert not r._direct_decode and r.decode(tok.encode("abc", add_special_tokens=False)) == "ABC"
 
 
-def test_renderers_of_one_tokenizer_share_its_literal_copies_until_it_gains_tokens():
+def test_renderers_of_one_tokenizer_share_its_literal_copies_until_it_gains_tokens(qwen25):
     from tokengym.envs import render as render_module
 
     tok = load_tokenizer("qwen2.5")  # a new object: ours to change
@@ -303,7 +303,7 @@ def test_renderers_of_one_tokenizer_share_its_literal_copies_until_it_gains_toke
     assert second.encode_action_text("<tool_call>x") == first.encode_action_text("<tool_call>x")
     assert second._action_backend is first._action_backend
     # Another tokenizer object never gets this one's copies.
-    assert ChatRenderer(load_tokenizer("qwen2.5"))._literal_backend(every_added=True) is not first._plain_backend
+    assert ChatRenderer(qwen25)._literal_backend(every_added=True) is not first._plain_backend
     # A token added since: a renderer made now gets a new copy, which keeps the new token's text as text.
     tok.add_tokens(["<|tokengym_new|>"], special_tokens=True)
     third = ChatRenderer(tok)

@@ -73,9 +73,9 @@ def sb(engine):
 
 
 def our_containers(engine, **labels) -> list[dict]:
-    from tokengym.envs.sandbox.docker import LABEL, OWNER_LABEL, _owner
+    from tokengym.envs.sandbox.docker import LABEL, OWNER_LABEL, process_owner
 
-    filters = [f"{LABEL}=1", f"{OWNER_LABEL}={_owner()}"] + [f"{k}={v}" for k, v in labels.items()]
+    filters = [f"{LABEL}=1", f"{OWNER_LABEL}={process_owner()}"] + [f"{k}={v}" for k, v in labels.items()]
     return engine.api.containers(all=True, filters={"label": filters})
 
 

@@ -34,12 +34,12 @@ from sandbox_escapes import CHECKS, LIFECYCLE_CHECKS, check_params, host_pids_wi
 # look only at those (other sandboxes may run on the same machine at the same time).
 OUR_UIDS: set[int] = set()
 OUR_DIRS: set[str] = set()
-_fresh_uid = local_sandbox._fresh_uid
+fresh_uid = local_sandbox.fresh_uid
 _init = LocalSandbox.__init__
 
 
 def _recording_fresh_uid() -> int:
-    uid = _fresh_uid()
+    uid = fresh_uid()
     OUR_UIDS.add(uid)
     return uid
 
@@ -52,7 +52,7 @@ def _recording_init(self, *args, **kwargs) -> None:
             OUR_DIRS.add(os.path.basename(self.root))
 
 
-local_sandbox._fresh_uid = _recording_fresh_uid
+local_sandbox.fresh_uid = _recording_fresh_uid
 LocalSandbox.__init__ = _recording_init  # type: ignore[method-assign]
 
 ISOLATIONS = ("bwrap", "none")

@@ -157,7 +157,7 @@ def test_a_kill_between_shard_and_manifest_keeps_every_trajectory_once(qwen25, t
     def killed(*args, **kwargs):
         raise Killed  # the process dies right after the shard's rename
 
-    monkeypatch.setattr(store, "_write_manifest", killed)
+    monkeypatch.setattr(store, "write_manifest", killed)
     with pytest.raises(Killed):
         writer.write(trajs[2])
     monkeypatch.undo()

@@ -61,7 +61,7 @@ def _json_kind(value: Any) -> str:
     )
 
 
-def _too_deep(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
+def too_deep(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
     """Whether ``value`` nests lists/dicts more than ``limit`` levels (checked without recursion)."""
     stack = [(value, 0)]
     while stack:
@@ -79,11 +79,11 @@ def _too_deep(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
 def _dumps(value: Any) -> str:
     try:
         return json.dumps(value, ensure_ascii=False)
-    except _GUARDED:
+    except GUARDED:
         return ""
 
 
-def _reason(err: BaseException) -> str:
+def error_reason(err: BaseException) -> str:
     """What went wrong reading model text, said for the model (no traceback, no internals)."""
     if isinstance(err, RecursionError):
         return "it is nested too deeply"
@@ -96,7 +96,7 @@ def _reason(err: BaseException) -> str:
     return text[:200]
 
 
-_GUARDED = (RecursionError, ValueError, OverflowError, MemoryError, SyntaxError, TypeError)
+GUARDED = (RecursionError, ValueError, OverflowError, MemoryError, SyntaxError, TypeError)
 
 
 def _schemas_of(tools: Iterable[Mapping[str, Any]] | Schemas | None) -> dict[str, Mapping[str, Any]]:
@@ -135,8 +135,8 @@ class ToolCallParser:
         """
         try:
             return self._parse(text, _schemas_of(tools))
-        except _GUARDED as err:
-            return [self._error(0, text[:200], f"could not be read: {_reason(err)}")]
+        except GUARDED as err:
+            return [self._error(0, text[:200], f"could not be read: {error_reason(err)}")]
 
     def _parse(self, text: str, schemas: Schemas) -> list[ParsedCall]:
         raise NotImplementedError
@@ -166,8 +166,8 @@ class ToolCallParser:
             return json.loads(raw), None
         except json.JSONDecodeError as err:
             return None, self._error(index, raw, f"is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})")
-        except _GUARDED as err:
-            return None, self._error(index, raw, f"is not valid JSON ({_reason(err)})")
+        except GUARDED as err:
+            return None, self._error(index, raw, f"is not valid JSON ({error_reason(err)})")
 
     def _call(self, index: int, raw: str, obj: Any = None, *, decoded: bool = False) -> ParsedCall:
         """A call from a JSON object ``{"name": ..., "<argument key>": {...}}`` (``raw`` decoded unless ``decoded``)."""
@@ -188,13 +188,13 @@ class ToolCallParser:
         if isinstance(args, str):  # double-encoded arguments (the OpenAI wire form) are accepted
             try:
                 decoded_args = json.loads(args)
-            except _GUARDED:
+            except GUARDED:
                 decoded_args = None
             if isinstance(decoded_args, dict):
                 args = decoded_args
         if not isinstance(args, dict):
             return self._error(index, raw, f': "{key}" must be a JSON object, got {_json_kind(args)}', name)
-        if _too_deep(args):
+        if too_deep(args):
             return self._error(index, raw, f"has arguments nested more than {MAX_ARGUMENT_DEPTH} levels deep", name)
         return ParsedCall(index, raw, name=name, arguments=args)
 
@@ -207,8 +207,8 @@ class ToolCallParser:
         except json.JSONDecodeError as err:
             why = f"{err.msg} at line {err.lineno} column {err.colno}"
             return self._error(index, raw, f"has arguments that are not valid JSON ({why})", name)
-        except _GUARDED as err:
-            return self._error(index, raw, f"has arguments that are not valid JSON ({_reason(err)})", name)
+        except GUARDED as err:
+            return self._error(index, raw, f"has arguments that are not valid JSON ({error_reason(err)})", name)
         return self._with_arguments(index, raw, name, args)
 
     def _json_list(self, first: int, text: str, pos: int) -> tuple[list[ParsedCall], int]:
@@ -218,8 +218,8 @@ class ToolCallParser:
             value, end = json.JSONDecoder().raw_decode(text, pos)
         except json.JSONDecodeError:
             return [self._call(first, text[pos:])], len(text)  # reports the JSON error
-        except _GUARDED as err:
-            return [self._error(first, text[pos : pos + 200], f"is not valid JSON ({_reason(err)})")], len(text)
+        except GUARDED as err:
+            return [self._error(first, text[pos : pos + 200], f"is not valid JSON ({error_reason(err)})")], len(text)
         raw = text[pos:end]
         if isinstance(value, dict):
             return [self._from_object(first, raw, value)], end
@@ -275,7 +275,7 @@ class ToolCallParser:
         return self._call(index, raw, obj, decoded=True)
 
 
-def _skip_space(text: str, pos: int) -> int:
+def skip_space(text: str, pos: int) -> int:
     while pos < len(text) and text[pos].isspace():
         pos += 1
     return pos

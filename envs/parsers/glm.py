@@ -17,20 +17,20 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .base import _GUARDED, ParsedCall, Schemas, ToolCallParser, _skip_space, _too_deep
-from .qwen3_coder import _convert
+from .base import GUARDED, ParsedCall, Schemas, ToolCallParser, skip_space, too_deep
+from .qwen3_coder import convert
 
 __all__ = ["GLMParser"]
 
 
-def _value(text: str, schema: Any) -> Any:
+def text_or_json(text: str, schema: Any) -> Any:
     if isinstance(schema, Mapping) and schema:
-        return _convert(text, schema)
+        return convert(text, schema)
     try:
         value = json.loads(text)
-    except _GUARDED:
+    except GUARDED:
         return text
-    return text if _too_deep(value) else value
+    return text if too_deep(value) else value
 
 
 class GLMParser(ToolCallParser):
@@ -69,7 +69,7 @@ class GLMParser(ToolCallParser):
         args: dict[str, Any] = {}
         pos = name_end
         while True:
-            pos = _skip_space(text, pos)
+            pos = skip_space(text, pos)
             if text.startswith(self.close_tag, pos):
                 return ParsedCall(index, raw, name=name, arguments=args), pos + len(self.close_tag)
             if pos >= len(text) or text.startswith(self.open_tag, pos):
@@ -80,7 +80,7 @@ class GLMParser(ToolCallParser):
             if key_end < 0:
                 return self._error(index, raw, "has an <arg_key> without its closing </arg_key>", name), limit
             key = text[pos + len("<arg_key>") : key_end].strip()
-            pos = _skip_space(text, key_end + len("</arg_key>"))
+            pos = skip_space(text, key_end + len("</arg_key>"))
             if not text.startswith("<arg_value>", pos):
                 return self._error(index, raw, f'has no <arg_value> after the key "{key}"', name), limit
             value_end = text.find("</arg_value>", pos)
@@ -88,5 +88,5 @@ class GLMParser(ToolCallParser):
                 return self._error(index, raw, f'has the value of "{key}" without its closing </arg_value>', name), limit
             if key in args:
                 return self._error(index, raw, f'gives argument "{key}" twice', name), limit
-            args[key] = _value(text[pos + len("<arg_value>") : value_end], params.get(key))
+            args[key] = text_or_json(text[pos + len("<arg_value>") : value_end], params.get(key))
             pos = value_end + len("</arg_value>")

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from .base import ParsedCall, Schemas, ToolCallParser, _skip_space
+from .base import ParsedCall, Schemas, ToolCallParser, skip_space
 
 __all__ = ["GraniteParser"]
 
@@ -20,7 +20,7 @@ class GraniteParser(ToolCallParser):
         calls: list[ParsedCall] = []
         at = text.find(self.bot)
         while at >= 0:
-            pos = _skip_space(text, at + len(self.bot))
+            pos = skip_space(text, at + len(self.bot))
             if text.startswith(("[", "{"), pos):
                 found, end = self._json_list(len(calls), text, pos)
                 calls += found

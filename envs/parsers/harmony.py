@@ -22,7 +22,7 @@ import json
 import re
 from typing import Any
 
-from .base import _GUARDED, ParsedCall, Schemas, ToolCallParser, _too_deep
+from .base import GUARDED, ParsedCall, Schemas, ToolCallParser, too_deep
 
 __all__ = ["HarmonyParser", "harmony_messages"]
 
@@ -111,9 +111,9 @@ class HarmonyParser(ToolCallParser):
         if call is not None:
             try:
                 arguments: Any = json.loads(call["body"])
-            except _GUARDED:  # hostile text (deep nesting, huge numbers) stays text, as the call's error says
+            except GUARDED:  # hostile text (deep nesting, huge numbers) stays text, as the call's error says
                 arguments = call["body"]
-            if _too_deep(arguments):
+            if too_deep(arguments):
                 arguments = call["body"]
             function = {"name": call["recipient"][len("functions.") :], "arguments": arguments}
             if call["content_type"]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from .base import _GUARDED, ParsedCall, Schemas, ToolCallParser, _skip_space
+from .base import GUARDED, ParsedCall, Schemas, ToolCallParser, skip_space
 
 __all__ = ["HermesParser"]
 
@@ -32,14 +32,14 @@ class HermesParser(ToolCallParser):
             if start < 0:
                 return calls
             body = start + len(self.open_tag)
-            first = _skip_space(text, body)
+            first = skip_space(text, body)
             if text.startswith("{", first):
                 try:
                     obj, end = decoder.raw_decode(text, first)
-                except _GUARDED:
+                except GUARDED:
                     obj, end = None, -1
                 if end >= 0:
-                    after = _skip_space(text, end)
+                    after = skip_space(text, end)
                     if text.startswith(self.close_tag, after):
                         calls.append(self._call(len(calls), text[first:end], obj, decoded=True))
                         pos = after + len(self.close_tag)

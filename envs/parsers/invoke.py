@@ -25,8 +25,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from .base import ParsedCall, Schemas, ToolCallParser, _skip_space
-from .glm import _value
+from .base import ParsedCall, Schemas, ToolCallParser, skip_space
+from .glm import text_or_json
 
 __all__ = ["DSMLParser", "MiniMaxM2Parser"]
 
@@ -56,7 +56,7 @@ class _InvokeParser(ToolCallParser):
         args: dict[str, Any] = {}
         open_param, close_param = f"<{p}parameter", f"</{p}parameter>"
         while True:
-            pos = _skip_space(body, pos)
+            pos = skip_space(body, pos)
             if pos >= len(body):
                 return ParsedCall(index, raw, name=name, arguments=args)
             if not body.startswith(open_param, pos):
@@ -74,7 +74,7 @@ class _InvokeParser(ToolCallParser):
             text = body[pos:end]
             text = text[1:] if text.startswith("\n") else text
             text = text[:-1] if text.endswith("\n") else text
-            args[key] = text if attributes.get("string") == "true" else _value(text, params.get(key))
+            args[key] = text if attributes.get("string") == "true" else text_or_json(text, params.get(key))
             pos = end + len(close_param)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from .base import _GUARDED, ParsedCall, Schemas, ToolCallParser
+from .base import GUARDED, ParsedCall, Schemas, ToolCallParser
 
 __all__ = ["Llama3JsonParser"]
 
@@ -33,7 +33,7 @@ class Llama3JsonParser(ToolCallParser):
         while pos < len(s) and s[pos] == "{":
             try:
                 obj, end = decoder.raw_decode(s, pos)
-            except _GUARDED:
+            except GUARDED:
                 calls.append(self._call(len(calls), s[pos:]))  # reports the JSON error
                 break
             calls.append(self._call(len(calls), s[pos:end], obj, decoded=True))

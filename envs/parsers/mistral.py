@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any
 
-from .base import _GUARDED, ParsedCall, Schemas, ToolCallParser, _reason, _skip_space
+from .base import GUARDED, ParsedCall, Schemas, ToolCallParser, error_reason, skip_space
 
 __all__ = ["MistralParser"]
 
@@ -39,7 +39,7 @@ class MistralParser(ToolCallParser):
         at = text.find(self.bot)
         if at < 0:
             return []
-        pos = _skip_space(text, at + len(self.bot))
+        pos = skip_space(text, at + len(self.bot))
         if text.startswith(("[", "{"), pos) and not text.startswith(("[ARGS]", "[CALL_ID]"), pos):
             return self._json_list(0, text, pos)[0]
         calls: list[ParsedCall] = []
@@ -62,8 +62,8 @@ class MistralParser(ToolCallParser):
             args, end = json.JSONDecoder().raw_decode(part, brace)
         except json.JSONDecodeError as err:
             return self._error(index, raw, f"has arguments that are not valid JSON ({err.msg})", name or None)
-        except _GUARDED as err:
-            return self._error(index, raw, f"has arguments that are not valid JSON ({_reason(err)})", name or None)
+        except GUARDED as err:
+            return self._error(index, raw, f"has arguments that are not valid JSON ({error_reason(err)})", name or None)
         if not name:
             return self._error(index, raw, "has no tool name before [ARGS]")
         return self._checked_id(self._with_arguments(index, raw, name, args), call_id)

@@ -11,7 +11,7 @@ import ast
 import re
 from typing import Any
 
-from .base import _GUARDED, MAX_ARGUMENT_DEPTH, ParsedCall, Schemas, ToolCallParser, _reason
+from .base import GUARDED, MAX_ARGUMENT_DEPTH, ParsedCall, Schemas, ToolCallParser, error_reason
 
 __all__ = ["PythonicParser"]
 
@@ -123,8 +123,8 @@ class PythonicParser(ToolCallParser):
             return [self._error(0, source, "is empty")]
         try:
             module = ast.parse(source, mode="exec")
-        except _GUARDED as err:
-            return [self._error(0, source, f"is not valid Python ({_reason(err)})")]
+        except GUARDED as err:
+            return [self._error(0, source, f"is not valid Python ({error_reason(err)})")]
         exprs = [s.value for s in module.body if isinstance(s, ast.Expr)]
         if len(exprs) != len(module.body) or not exprs:
             return [self._error(0, source, "must be a list of calls, not statements")]

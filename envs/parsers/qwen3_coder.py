@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .base import _GUARDED, ParsedCall, Schemas, ToolCallParser, _skip_space, _too_deep
+from .base import GUARDED, ParsedCall, Schemas, ToolCallParser, skip_space, too_deep
 
 __all__ = ["Qwen3CoderParser"]
 
@@ -28,7 +28,7 @@ def _schema_types(schema: Any) -> list[str]:
     return types
 
 
-def _convert(text: str, schema: Any) -> Any:
+def convert(text: str, schema: Any) -> Any:
     """A parameter's text as the schema's type; the text itself when it does not read as one
     (the argument check then says what was expected)."""
     types = _schema_types(schema)
@@ -54,9 +54,9 @@ def _convert(text: str, schema: Any) -> Any:
                 return word.lower() == "true"
             if kind in ("object", "array"):
                 value = json.loads(word)
-                if isinstance(value, dict if kind == "object" else list) and not _too_deep(value):
+                if isinstance(value, dict if kind == "object" else list) and not too_deep(value):
                     return value
-        except _GUARDED:
+        except GUARDED:
             continue
     return text
 
@@ -104,7 +104,7 @@ class Qwen3CoderParser(ToolCallParser):
         limit = nxt if nxt >= 0 else len(text)
         close = text.find(self.close_tag, pos)
         raw = text[pos : close if 0 <= close else limit].strip()
-        pos = _skip_space(text, pos)
+        pos = skip_space(text, pos)
         if not text.startswith("<function=", pos):
             end = close + len(self.close_tag) if 0 <= close < limit else limit
             return self._error(index, raw, f"must start with <function=TOOL_NAME> inside {self.open_tag}"), end
@@ -120,9 +120,9 @@ class Qwen3CoderParser(ToolCallParser):
         params = schemas.get(name, {}).get("properties") if isinstance(schemas.get(name), Mapping) else None
         params = params if isinstance(params, Mapping) else {}
         while True:
-            pos = _skip_space(text, pos)
+            pos = skip_space(text, pos)
             if text.startswith("</function>", pos):
-                pos = _skip_space(text, pos + len("</function>"))
+                pos = skip_space(text, pos + len("</function>"))
                 if not text.startswith(self.close_tag, pos):
                     return self._error(index, raw, f"is not closed: </function> without {self.close_tag}", name), limit
                 return ParsedCall(index, raw, name=name, arguments=args), pos + len(self.close_tag)
@@ -146,7 +146,7 @@ class Qwen3CoderParser(ToolCallParser):
             value = text[value_start:end]
             value = value[1:] if value.startswith("\n") else value
             value = value[:-1] if value.endswith("\n") else value
-            args[key] = _convert(value, params.get(key))
+            args[key] = convert(value, params.get(key))
             pos = end + len("</parameter>")
 
 
@@ -156,7 +156,7 @@ def _parameter_end(text: str, pos: int) -> int:
     first = text.find("</parameter>", pos)
     at = first
     while at >= 0:
-        after = _skip_space(text, at + len("</parameter>"))
+        after = skip_space(text, at + len("</parameter>"))
         if text.startswith("<parameter=", after) or text.startswith("</function>", after):
             return at
         at = text.find("</parameter>", at + 1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from .base import ParsedCall, Schemas, ToolCallParser, _skip_space
+from .base import ParsedCall, Schemas, ToolCallParser, skip_space
 
 __all__ = ["XLAMParser"]
 
@@ -27,9 +27,9 @@ class XLAMParser(ToolCallParser):
     def _parse(self, text: str, schemas: Schemas) -> list[ParsedCall]:
         fence = self._fence.search(text)
         if fence is not None:
-            pos = _skip_space(text, fence.end())
+            pos = skip_space(text, fence.end())
             return self._json_list(0, text, pos)[0]
-        pos = _skip_space(text, 0)
+        pos = skip_space(text, 0)
         if self._start.match(text, pos):
             return self._json_list(0, text, pos)[0]
         return []

@@ -267,8 +267,7 @@ class EpisodeSlot:
     """One env copy and the episode it runs: the per-episode logic every driver shares.
 
     The turn loop itself is :func:`tokengym.recorder.drivers.runner.play`; this holds its state
-    (``begin``, ``params``, ``step``, ``advance``), so the lock-step driver can step many slots
-    in one round with the same logic.
+    (``begin``, ``params``, ``step``, ``advance``) for every driver that plays it.
     """
 
     env: RecordEpisodes
@@ -277,28 +276,23 @@ class EpisodeSlot:
     turn: int = 0
     remaining: int = 0
     task: EpisodeTask | None = None
-    context_limit: int | None = None
-    """The env's own ``max_context_tokens`` (a completion budget lowers it for one episode)."""
-
-    def __post_init__(self) -> None:
-        self.context_limit = getattr(self.env.unwrapped, "max_context_tokens", None)
 
     def begin(self, task: EpisodeTask) -> None:
-        """Reset for ``task``; raises what the env raises."""
+        """Reset for ``task`` (its completion budget passed to the env as a reset option); raises
+        what the env raises."""
+        from tokengym.envs.chat import COMPLETION_BUDGET
+
         self.task, self.episode = task, task.episode
-        core = self.env.unwrapped
-        if self.context_limit is not None:
-            core.max_context_tokens = self.context_limit  # undo the previous episode's budget
-        obs, info = self.env.reset(seed=task.reset_seed, options=task.options)
+        options = task.options
+        if task.completion_budget is not None:
+            if getattr(self.env.unwrapped, "max_context_tokens", None) is None:
+                raise ValueError(
+                    f"a completion budget needs an env with max_context_tokens; {type(self.env.unwrapped).__name__} has none"
+                )
+            options = {**(options or {}), COMPLETION_BUDGET: task.completion_budget}
+        obs, info = self.env.reset(seed=task.reset_seed, options=options)
         self.stream, self.turn = [int(i) for i in obs], 0
         self.remaining = int(info.get("remaining_context", 1 << 30))
-        if task.completion_budget is not None:
-            if self.context_limit is None:
-                raise ValueError(
-                    f"a completion budget needs an env with max_context_tokens; {type(core).__name__} has none"
-                )
-            core.max_context_tokens = min(self.context_limit, len(obs) + task.completion_budget)
-            self.remaining = min(self.remaining, task.completion_budget)
 
     def params(self, base: SamplingParams) -> SamplingParams:
         """The sampling settings of this slot's next turn."""
@@ -330,17 +324,10 @@ class EpisodeSlot:
             traj.metadata["episode"] = self.episode
             if self.task is not None:
                 traj.metadata.update(self.task.metadata)
-        self.release()
         return rows
-
-    def release(self) -> None:
-        """Give the env back its own context limit (after a budgeted episode)."""
-        if self.context_limit is not None:
-            self.env.unwrapped.max_context_tokens = self.context_limit
 
     def failure(self, err: BaseException) -> EpisodeError:
         """The record of ``err``, raised during this slot's current turn."""
-        self.release()
         return EpisodeError.of(err, self.episode, self.turn)
 
 

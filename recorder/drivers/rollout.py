@@ -4,7 +4,7 @@ By default every episode runs at its own pace (:func:`tokengym.recorder.drivers.
 submits its next turn as soon as its env step is done, and the policy batches whatever is in
 flight, so a long generation or a slow tool holds up only its own episode. ``schedule="lockstep"``
 keeps the older rounds (every live episode generates in one batch, then every env steps) for
-comparison. Finished episodes are recorded as they finish and replaced until the requested
+comparison, through the same turn loop, gated. Finished episodes are recorded as they finish and replaced until the requested
 number is done. Seeds make a run reproducible with a deterministic policy: episode ``i``
 resets with ``seed + i`` and each of its turns samples with a seed derived from
 ``(seed, i, turn)``, whatever else shares its batch and however the episodes interleave.
@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import gymnasium as gym
@@ -49,7 +49,6 @@ from .episodes import (  # the shared names stay importable from here, where the
     turn_seed,
 )
 from .runner import Outcome, drive
-from ..stopping import stop_on_signals
 from ..trajectory import Trajectory
 from ..wrapper import RecordEpisodes
 
@@ -166,7 +165,7 @@ def rollout(
     # A policy sampling here reports each decode step: the bar moves before the first turn is back.
     unlisten = policy.add_token_listener(bar.live) if progress and isinstance(policy, StreamsTokens) else None
     start = time.perf_counter()
-    run = _async if schedule == "async" else _lockstep
+    run = partial(_async, rounds=schedule == "lockstep")
     interrupted = False
     try:
         interrupted = run(slots, planned, base, policy, stats, lambda rows: record_finished(stats, rows, done, on_episode, bar), bar)
@@ -208,10 +207,12 @@ def _failed(stats: RolloutStats, error: EpisodeError, bar: Any) -> None:
 
 def _async(
     slots: list[EpisodeSlot], tasks: list[EpisodeTask], base: SamplingParams, policy: Policy,
-    stats: RolloutStats, finished: Callable[[list[Trajectory]], None], bar: Any,
+    stats: RolloutStats, finished: Callable[[list[Trajectory]], None], bar: Any, *, rounds: bool = False,
 ) -> bool:
-    """Every episode at its own pace (:func:`tokengym.recorder.drivers.runner.drive`); True when stopped."""
-    batcher = RequestBatcher(policy)
+    """Every episode at its own pace (:func:`tokengym.recorder.drivers.runner.drive`), or with
+    ``rounds`` in lock-step rounds through the same runner (every live episode's turn in one
+    ``policy.generate`` batch, then every env steps); True when stopped."""
+    batcher = RequestBatcher(policy, native=not rounds)
 
     async def generate(context: list[int], params: SamplingParams) -> Generation:
         gen = await batcher.generate(context, params)
@@ -225,58 +226,10 @@ def _async(
             finished(outcome)
 
     try:
-        return drive(slots, tasks, base, generate, on_outcome)
+        return drive(slots, tasks, base, generate, on_outcome, rounds=rounds)
     finally:
         stats.engine_s += batcher.busy_now()
         batcher.close()
-
-
-def _lockstep(
-    slots: list[EpisodeSlot], tasks: list[EpisodeTask], base: SamplingParams, policy: Policy,
-    stats: RolloutStats, finished: Callable[[list[Trajectory]], None], bar: Any,
-) -> bool:
-    """Lock-step rounds: every live episode generates in one batch, then every env steps; True when stopped."""
-    queue = iter(tasks)
-
-    def begin(slot: EpisodeSlot) -> bool:
-        for task in queue:
-            try:
-                slot.begin(task)
-            except Exception as err:  # a broken task must not stop the run
-                slot.release()
-                _failed(stats, EpisodeError.of(err, task.episode, None, "reset failed: "), bar)
-                continue
-            return True
-        slot.episode = -1
-        return False
-
-    try:
-        with stop_on_signals(), ThreadPoolExecutor(max_workers=max(1, len(slots))) as pool:
-            live = [s for s in slots if begin(s)]
-            while live:
-                params = [s.params(base) for s in live]
-                t0 = time.perf_counter()
-                gens = policy.generate([s.stream for s in live], params)
-                stats.engine_s += time.perf_counter() - t0
-                for gen in gens:
-                    bar.turn_done(len(gen.token_ids))
-                still = []
-                for slot, gen, result in pool.map(lambda a: (a[0], a[1], a[0].step(a[1])), zip(live, gens)):
-                    if isinstance(result, Exception):
-                        _failed(stats, slot.failure(result), bar)
-                        if begin(slot):
-                            still.append(slot)
-                        continue
-                    rows = slot.advance(gen, result)
-                    if rows is not None:
-                        finished(rows)
-                        if not begin(slot):
-                            continue
-                    still.append(slot)
-                live = still
-    except KeyboardInterrupt:
-        return True
-    return False
 
 
 def summary_table(stats: RolloutStats) -> str:

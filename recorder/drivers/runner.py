@@ -1,8 +1,8 @@
 """The one episode runner, and the asynchronous driver that runs many at their own pace.
 
 :func:`play` is the turn loop of one episode (reset, then generate → step until the episode
-ends), used by every driver: the local driver (:func:`tokengym.recorder.rollout`), the Ray env
-workers and TRL's ``rollout_func``. A failure of the env or of the policy ends the episode
+ends), used by every driver: the local driver (:func:`tokengym.recorder.rollout`, both its
+schedules), the Ray env workers and TRL's ``rollout_func``. A failure of the env or of the policy ends the episode
 with an :class:`~tokengym.recorder.drivers.episodes.EpisodeError`, never the run.
 
 :func:`drive` runs many episodes, each as its own task: an episode submits its next turn as
@@ -60,13 +60,11 @@ async def play(
     try:
         slot.begin(task)
     except Exception as err:  # a broken task must not stop the run
-        slot.release()
         return EpisodeError.of(err, task.episode, None, "reset failed: ")
     while True:
         try:
             gen = await generate(slot.stream, slot.params(base))
         except (EngineLost, PolicyInterrupted):
-            slot.release()
             raise
         except Exception as err:  # the policy refused this request
             return slot.failure(err)
@@ -102,23 +100,61 @@ class _Stop:
         return self.event.is_set()
 
 
+class _Rounds:
+    """Lock-step rounds over :func:`play`: a turn's request waits until every episode in play has
+    asked for its turn, then they all go on together (one batch of the batcher behind
+    ``generate``), so each round generates every live episode's turn at once, then steps every env."""
+
+    def __init__(self, generate: Generate) -> None:
+        self._generate = generate
+        self._playing = 0
+        self._waiting: list[asyncio.Future] = []
+
+    def enter(self) -> None:
+        self._playing += 1
+
+    def leave(self) -> None:
+        self._playing -= 1
+        self._release()
+
+    async def generate(self, context: list[int], params: SamplingParams) -> Generation:
+        gate = asyncio.get_running_loop().create_future()
+        self._waiting.append(gate)
+        self._release()
+        await gate
+        return await self._generate(context, params)
+
+    def _release(self) -> None:
+        if self._waiting and len(self._waiting) >= self._playing:
+            waiting, self._waiting = self._waiting, []
+            for gate in waiting:
+                if not gate.done():  # a cancelled episode's
+                    gate.set_result(None)
+
+
 def drive(
     slots: list[EpisodeSlot],
     tasks: Iterable[EpisodeTask],
     base: SamplingParams,
     generate: Generate,
     on_outcome: Callable[[EpisodeTask, Outcome], None],
+    *,
+    rounds: bool = False,
 ) -> bool:
     """Play every task, ``len(slots)`` at a time, each at its own pace; ``on_outcome`` gets each result.
 
-    ``on_outcome`` runs on the loop's thread, one at a time, and never after a stop. Returns
-    True when the run was stopped (a signal, Ctrl-C, or the policy interrupted).
+    With ``rounds``, in lock-step rounds instead: each turn's request waits until every episode
+    in play has asked for its own (the same :func:`play`, gated). ``on_outcome`` runs on the
+    loop's thread, one at a time, and never after a stop. Returns True when the run was stopped
+    (a signal, Ctrl-C, or the policy interrupted).
     """
     if not slots:
         return False  # nothing to run (no episodes asked for)
     stop = _Stop()
     queue: Iterator[EpisodeTask] = iter(tasks)
     pool = ThreadPoolExecutor(max_workers=max(1, len(slots)), thread_name_prefix="tokengym-env")
+    gate = _Rounds(generate) if rounds else None
+    turn = gate.generate if gate is not None else generate
 
     async def in_thread(slot: EpisodeSlot, gen: Generation) -> Any:
         return await asyncio.get_running_loop().run_in_executor(pool, slot.step, gen)
@@ -127,7 +163,13 @@ def drive(
         for task in queue:
             if stop:
                 return
-            outcome = await play(slot, task, base, generate, in_thread)
+            if gate is not None:
+                gate.enter()
+            try:
+                outcome = await play(slot, task, base, turn, in_thread)
+            finally:
+                if gate is not None:
+                    gate.leave()
             if stop:  # finished after the stop: dropped whole, like the others in flight
                 return
             on_outcome(task, outcome)

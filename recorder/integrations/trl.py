@@ -241,7 +241,8 @@ class TRLRollout:
         groups = _groups(specs, getattr(getattr(trainer, "args", None), "num_generations", None))
         tasks = [
             EpisodeTask(
-                i, reset_seed, (*seed, call, i), options, budget if slot.context_limit is not None else None,
+                i, reset_seed, (*seed, call, i), options,
+                budget if getattr(slot.env.unwrapped, "max_context_tokens", None) is not None else None,
                 {"trl": {"call": call, "index": i, "seed": seed[0], "process": seed[1]},
                  "group": f"{seed[1]}:{call}:{groups[i]}"},
             )

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CorruptShardError
-from .schema import _check_version
+from .schema import check_version
 
 # ----------------------------------------------------------------- episode log
 # A log file is a header line pair (magic, then JSON facts) and records. A record is
@@ -32,7 +32,7 @@ _REC_HEAD = struct.Struct("<4sII")
 _U32 = struct.Struct("<I")
 
 
-def _log_header(meta: dict[str, Any]) -> bytes:
+def log_header(meta: dict[str, Any]) -> bytes:
     return _LOG_MAGIC + json.dumps(meta, sort_keys=True).encode() + b"\n"
 
 
@@ -44,7 +44,7 @@ _KIND_CODE = {"prompt": "p", "action": "a", "observation": "o"}
 _CODE_KIND = {v: k for k, v in _KIND_CODE.items()}
 
 
-def _encode_row(row: dict[str, Any]) -> bytes:
+def encode_row(row: dict[str, Any]) -> bytes:
     values, given = row["logprobs"]
     segs = row["segments"]
     meta = {k: v for k, v in row.items() if k not in ("token_ids", "mask", "logprobs", "segments", "turn_rewards", *_RAW_TEXT)}
@@ -97,7 +97,7 @@ def _decode_payload(payload: bytes) -> dict[str, Any]:
 
 
 @dataclass
-class _Log:
+class Log:
     path: Path
     meta: dict[str, Any]
     rows: list[dict[str, Any]]
@@ -106,19 +106,19 @@ class _Log:
     size: int
 
 
-def _read_log(path: Path) -> _Log:
+def read_log(path: Path) -> Log:
     """Parse a log; a torn last record (a kill mid-write) is left out, damage elsewhere is an error."""
     data = path.read_bytes()
     if not data.startswith(_LOG_MAGIC) or b"\n" not in data[len(_LOG_MAGIC) :]:
         if len(data) < 4096 and _LOG_MAGIC.startswith(data[: len(_LOG_MAGIC)]):
-            return _Log(path, {}, [], 0, len(data))  # killed while writing the header: no record yet
+            return Log(path, {}, [], 0, len(data))  # killed while writing the header: no record yet
         raise CorruptShardError(f"{path}: not a tokengym episode log")
     end = data.index(b"\n", len(_LOG_MAGIC)) + 1
     try:
         meta = json.loads(data[len(_LOG_MAGIC) : end])
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CorruptShardError(f"{path}: unreadable episode log header ({err})") from err
-    _check_version(meta.get("schema_version"), path)
+    check_version(meta.get("schema_version"), path)
     rows, pos = [], end
     while pos < len(data):
         if len(data) - pos < _REC_HEAD.size:
@@ -139,4 +139,4 @@ def _read_log(path: Path) -> _Log:
         except (ValueError, KeyError, UnicodeDecodeError) as err:
             raise CorruptShardError(f"{path}: unreadable record at byte {pos} ({err})") from err
         pos += _REC_HEAD.size + length
-    return _Log(path, meta, rows, pos, len(data))
+    return Log(path, meta, rows, pos, len(data))

@@ -1,8 +1,8 @@
 """Where a store keeps what: the names of its shards, episode logs, manifest and lock, and the one
 way a file is put in place (hidden temp file, fsync, rename, directory fsync).
 
-Every shard and every manifest goes through :func:`_atomic_write`, so no reader ever sees one
-half written, and a dead writer's leftovers are recognisable by name (``_TEMP_RE``).
+Every shard and every manifest goes through :func:`atomic_write`, so no reader ever sees one
+half written, and a dead writer's leftovers are recognisable by name (``TEMP_RE``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ MANIFEST_NAME = ".tokengym.json"
 LOCK_NAME = ".tokengym.lock"
 
 _SHARD_RE = re.compile(r"^part-(\d{5,})\.parquet$")
-_TEMP_RE = re.compile(r"^\.(part-\d{5,}\.parquet|\.tokengym\.json)\.\d+\.tmp$")
+TEMP_RE = re.compile(r"^\.(part-\d{5,}\.parquet|\.tokengym\.json)\.\d+\.tmp$")
 _LOG_RE = re.compile(r"^\.part-(\d{5,})\.log$")
 
 
@@ -35,7 +35,7 @@ def shard_paths(directory: str | os.PathLike[str]) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     """Make a rename in ``path`` durable (a no-op where directories cannot be opened)."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -49,7 +49,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(final: Path, write: Any) -> None:
+def atomic_write(final: Path, write: Any) -> None:
     """Write via ``write(fileobj)`` to a hidden temp file beside ``final``, fsync, rename into place."""
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     try:
@@ -62,7 +62,7 @@ def _atomic_write(final: Path, write: Any) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 def log_paths(directory: str | os.PathLike[str]) -> list[Path]:
@@ -72,15 +72,15 @@ def log_paths(directory: str | os.PathLike[str]) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def _index(path: Path) -> int:
+def file_index(path: Path) -> int:
     m = _SHARD_RE.match(path.name) or _LOG_RE.match(path.name)
     assert m is not None, path
     return int(m.group(1))
 
 
-def _shard_name(index: int) -> str:
+def shard_name(index: int) -> str:
     return f"part-{index:05d}.parquet"
 
 
-def _log_name(index: int) -> str:
+def log_name(index: int) -> str:
     return f".part-{index:05d}.log"

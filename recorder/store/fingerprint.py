@@ -2,7 +2,7 @@
 
 A token id means something only with the vocabulary and chat template that produced it. Every
 shard, episode log and manifest records the fingerprint, and a store of another tokenizer is
-refused with :class:`~tokengym.recorder.store.TokenizerMismatchError` (built by :func:`_mismatch`).
+refused with :class:`~tokengym.recorder.store.TokenizerMismatchError` (built by :func:`mismatch`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def tokenizer_fingerprint(tokenizer: Any, chat_template: str | Mapping[str, str]
     ``tokenizer`` may also be a :class:`~tokengym.envs.ChatRenderer`; its template
     override (if any) then counts.
     """
-    tok, template = _unwrap(tokenizer, chat_template)
+    tok, template = unwrap(tokenizer, chat_template)
     if isinstance(template, Mapping):
         template = json.dumps(dict(template), sort_keys=True, ensure_ascii=False)
     key = (len(tok), template)
@@ -67,7 +67,7 @@ def tokenizer_fingerprint(tokenizer: Any, chat_template: str | Mapping[str, str]
 _FINGERPRINTS: weakref.WeakKeyDictionary[Any, dict[tuple[int, str | None], str]] = weakref.WeakKeyDictionary()
 
 
-def _unwrap(tokenizer: Any, chat_template: Any) -> tuple[Any, Any]:
+def unwrap(tokenizer: Any, chat_template: Any) -> tuple[Any, Any]:
     """(HF tokenizer, template text) from a tokenizer or a ChatRenderer."""
     from tokengym.envs.render import ChatRenderer
 
@@ -83,16 +83,16 @@ def _unwrap(tokenizer: Any, chat_template: Any) -> tuple[Any, Any]:
     return tokenizer, template
 
 
-def _display_name(tokenizer: Any) -> str:
+def display_name(tokenizer: Any) -> str:
     """The tokenizer's name without a local path: a folder's base name, a hub name as is."""
-    tok, _ = _unwrap(tokenizer, None)
+    tok, _ = unwrap(tokenizer, None)
     name = str(getattr(tok, "name_or_path", "") or type(tok).__name__)
     if os.path.isabs(name) or (os.sep in name.rstrip(os.sep) and os.path.exists(name)):
         name = os.path.basename(os.path.normpath(name))
     return name
 
 
-def _mismatch(where: Path, have_name: str, have_hash: str, want_name: str, want_hash: str) -> TokenizerMismatchError:
+def tokenizer_mismatch(where: Path, have_name: str, have_hash: str, want_name: str, want_hash: str) -> TokenizerMismatchError:
     return TokenizerMismatchError(
         f"{where} holds token ids of tokenizer {have_name!r} (fingerprint {have_hash}), "
         f"not of {want_name!r} (fingerprint {want_hash}); token ids of different tokenizers "

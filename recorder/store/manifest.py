@@ -2,7 +2,7 @@
 shard with its checks, and :func:`accept_shards`, which makes the list match the disk.
 
 The manifest is how a store knows its shards, so a missing, extra or replaced shard is an error
-that names the file (with the repair in :func:`_repair_hint`), never a silent loss or a duplicate.
+that names the file (with the repair in :func:`repair_hint`), never a silent loss or a duplicate.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import CorruptShardError, StoreError
-from .files import LOCK_NAME, MANIFEST_NAME, _atomic_write, shard_paths
-from .fingerprint import _mismatch
-from .schema import FORMAT, METADATA_KEY, _check_version, _schema_of
+from .files import LOCK_NAME, MANIFEST_NAME, atomic_write, shard_paths
+from .fingerprint import tokenizer_mismatch
+from .schema import FORMAT, METADATA_KEY, check_version, schema_of
 
 try:  # advisory locking is POSIX-only; elsewhere a second writer is simply not detected
     import fcntl
@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover
 __all__ = ["accept_shards"]
 
 
-def _read_manifest(root: Path) -> dict[str, Any] | None:
+def read_manifest(root: Path) -> dict[str, Any] | None:
     path = root / MANIFEST_NAME
     if not path.exists():
         return None
@@ -40,27 +40,27 @@ def _read_manifest(root: Path) -> dict[str, Any] | None:
         raise StoreError(f"{path}: unreadable manifest ({err})") from err
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise StoreError(f"{path}: not a tokengym trajectory store manifest")
-    _check_version(manifest.get("schema_version"), path)
+    check_version(manifest.get("schema_version"), path)
     return manifest
 
 
-def _shard_entry(path: Path, data: bytes | None = None, rows: int | None = None) -> dict[str, Any]:
+def shard_entry(path: Path, data: bytes | None = None, rows: int | None = None) -> dict[str, Any]:
     """A manifest entry: name, rows, bytes and sha256 of a shard (read from disk unless given)."""
     if data is None:
         data = path.read_bytes()
     if rows is None:
-        pf, info = _open_shard(path)
+        pf, info = open_shard(path)
         pf.close()
         rows = info.num_rows
     return {"name": path.name, "rows": rows, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _write_manifest(root: Path, body: dict[str, Any]) -> None:
+def write_manifest(root: Path, body: dict[str, Any]) -> None:
     text = json.dumps(body, indent=2).encode() + b"\n"
-    _atomic_write(root / MANIFEST_NAME, lambda f: f.write(text))
+    atomic_write(root / MANIFEST_NAME, lambda f: f.write(text))
 
 
-def _repair_hint(root: Path) -> str:
+def repair_hint(root: Path) -> str:
     return (
         f"restore the file, or accept the store as it is on disk with `tokengym inspect {root} --accept-shards` "
         "(tokengym.recorder.store.accept_shards)"
@@ -68,7 +68,7 @@ def _repair_hint(root: Path) -> str:
 
 
 @dataclass(frozen=True)
-class _ShardInfo:
+class ShardInfo:
     path: Path
     schema_version: int
     tokenizer_name: str
@@ -76,7 +76,7 @@ class _ShardInfo:
     num_rows: int
 
 
-def _open_shard(path: Path) -> tuple[pq.ParquetFile, _ShardInfo]:
+def open_shard(path: Path) -> tuple[pq.ParquetFile, ShardInfo]:
     """Open a shard and check its footer, its tokengym metadata and its schema version."""
     try:
         pf = pq.ParquetFile(path, page_checksum_verification=True)
@@ -91,17 +91,17 @@ def _open_shard(path: Path) -> tuple[pq.ParquetFile, _ShardInfo]:
             raise CorruptShardError(f"{path}: unreadable tokengym metadata ({err})") from err
         if not isinstance(meta, dict):
             raise CorruptShardError(f"{path}: a Parquet file without tokengym metadata, not a trajectory shard")
-        _check_version(meta.get("schema_version"), path)
+        check_version(meta.get("schema_version"), path)
         have = pf.schema_arrow
         wrong = [
-            f.name for f in _schema_of(meta["schema_version"]) if f.name not in have.names or have.field(f.name).type != f.type
+            f.name for f in schema_of(meta["schema_version"]) if f.name not in have.names or have.field(f.name).type != f.type
         ]
         if wrong:
             raise CorruptShardError(f"{path}: columns missing or of another type than the schema's: {wrong}")
     except BaseException:
         pf.close()
         raise
-    info = _ShardInfo(
+    info = ShardInfo(
         path=path,
         schema_version=int(meta["schema_version"]),
         tokenizer_name=str(meta.get("tokenizer_name")),
@@ -119,7 +119,7 @@ def accept_shards(directory: str | os.PathLike[str]) -> dict[str, list[str]]:
     ``"NAME (N trajectories)"`` for each listed shard that was missing and each shard that was not listed.
     """
     root = Path(directory)
-    manifest = _read_manifest(root)
+    manifest = read_manifest(root)
     if manifest is None:
         raise StoreError(f"{root}: no manifest ({MANIFEST_NAME}): not a trajectory store, nothing to accept")
     fd = None
@@ -134,21 +134,21 @@ def accept_shards(directory: str | os.PathLike[str]) -> dict[str, list[str]]:
         listed = {e["name"]: e for e in manifest.get("shards") or []}
         entries, added = [], []
         for path in shard_paths(root):
-            pf, info = _open_shard(path)
+            pf, info = open_shard(path)
             pf.close()
             if info.tokenizer_hash != manifest.get("tokenizer_hash"):
-                raise _mismatch(
+                raise tokenizer_mismatch(
                     path, info.tokenizer_name, info.tokenizer_hash,
                     str(manifest.get("tokenizer_name")), str(manifest.get("tokenizer_hash")),
                 )
             if path.name in listed and listed[path.name]["rows"] == info.num_rows:
                 entries.append(listed[path.name])
                 continue
-            entries.append(_shard_entry(path, rows=info.num_rows))
+            entries.append(shard_entry(path, rows=info.num_rows))
             added.append(f"{path.name} ({info.num_rows} trajectories)")
         kept = {e["name"] for e in entries}
         dropped = [f"{n} ({e['rows']} trajectories)" for n, e in listed.items() if n not in kept]
-        _write_manifest(root, {**manifest, "shards": entries})
+        write_manifest(root, {**manifest, "shards": entries})
         return {"dropped": dropped, "added": added}
     finally:
         if fd is not None:

@@ -19,13 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..trajectory import Trajectory
-from .episode_log import _Log, _read_log
+from .episode_log import Log, read_log
 from .errors import CorruptShardError, ShardListError, StoreError
-from .files import MANIFEST_NAME, _index, log_paths, shard_paths
-from .fingerprint import _display_name, _mismatch, tokenizer_fingerprint
-from .manifest import _open_shard, _read_manifest, _repair_hint, _ShardInfo
-from .rows import _decode_batch, _rows_table
-from .schema import METADATA_KEY, SCHEMA, SCHEMA_VERSION, _schema_of, _upgrade
+from .files import MANIFEST_NAME, file_index, log_paths, shard_paths
+from .fingerprint import display_name, tokenizer_mismatch, tokenizer_fingerprint
+from .manifest import open_shard, read_manifest, repair_hint, ShardInfo
+from .rows import decode_batch, rows_table
+from .schema import METADATA_KEY, SCHEMA, SCHEMA_VERSION, schema_of, upgrade_batch
 
 __all__ = ["read_table", "read_trajectories", "store_counts"]
 
@@ -37,7 +37,7 @@ class _Snapshot:
     root: Path
     manifest: dict[str, Any] | None
     shards: list[Path]
-    logs: list[_Log]
+    logs: list[Log]
     want: tuple[str, str] | None
 
 
@@ -51,7 +51,7 @@ def _snapshot(directory: str | os.PathLike[str], tokenizer: Any, chat_template: 
     root = Path(directory)
     want = None
     if tokenizer is not None:
-        want = (_display_name(tokenizer), tokenizer_fingerprint(tokenizer, chat_template))
+        want = (display_name(tokenizer), tokenizer_fingerprint(tokenizer, chat_template))
     for attempt in range(5):
         try:
             return _snapshot_once(root, want)
@@ -63,11 +63,11 @@ def _snapshot(directory: str | os.PathLike[str], tokenizer: Any, chat_template: 
 
 
 def _snapshot_once(root: Path, want: tuple[str, str] | None) -> _Snapshot:
-    manifest = _read_manifest(root)
+    manifest = read_manifest(root)
     shards = shard_paths(root)  # FileNotFoundError when not a directory
-    logs = {_index(p): p for p in log_paths(root)}
+    logs = {file_index(p): p for p in log_paths(root)}
     if want is not None and manifest is not None and manifest.get("tokenizer_hash") != want[1]:
-        raise _mismatch(
+        raise tokenizer_mismatch(
             root / MANIFEST_NAME, str(manifest.get("tokenizer_name")), str(manifest.get("tokenizer_hash")), *want
         )
     if manifest is not None and isinstance(manifest.get("shards"), list):
@@ -77,40 +77,40 @@ def _snapshot_once(root: Path, want: tuple[str, str] | None) -> _Snapshot:
             if name not in on_disk:
                 raise ShardListError(
                     f"{root / name}: listed in the manifest ({entry['rows']} trajectories) but missing; "
-                    f"{_repair_hint(root)}"
+                    f"{repair_hint(root)}"
                 )
         for p in shards:
-            if p.name not in listed and _index(p) not in logs:
+            if p.name not in listed and file_index(p) not in logs:
                 raise ShardListError(
                     f"{p}: a shard the manifest does not list (not written by this store's writers); move it "
-                    f"away, or {_repair_hint(root).replace('restore the file, or ', '')}"
+                    f"away, or {repair_hint(root).replace('restore the file, or ', '')}"
                 )
-    shard_index = {_index(p) for p in shards}
-    read = [_read_log(p) for i, p in sorted(logs.items()) if i not in shard_index]  # FileNotFoundError: compacted
+    shard_index = {file_index(p) for p in shards}
+    read = [read_log(p) for i, p in sorted(logs.items()) if i not in shard_index]  # FileNotFoundError: compacted
     if manifest is not None and want is None:
         want = (str(manifest.get("tokenizer_name")), str(manifest.get("tokenizer_hash")))
     return _Snapshot(root, manifest, shards, [log for log in read if log.rows], want)
 
 
-def _shard_sources(snap: _Snapshot) -> Iterator[tuple[pq.ParquetFile, _ShardInfo]]:
+def _shard_sources(snap: _Snapshot) -> Iterator[tuple[pq.ParquetFile, ShardInfo]]:
     """Open each shard in order, checking schema version, tokenizer and listed row count."""
     listed = None
     if snap.manifest is not None and isinstance(snap.manifest.get("shards"), list):
         listed = {e["name"]: e for e in snap.manifest["shards"]}
     want = snap.want
     for path in snap.shards:
-        pf, info = _open_shard(path)
+        pf, info = open_shard(path)
         if want is None:
             want = (info.tokenizer_name, info.tokenizer_hash)
         elif info.tokenizer_hash != want[1]:
             pf.close()
-            raise _mismatch(path, info.tokenizer_name, info.tokenizer_hash, *want)
+            raise tokenizer_mismatch(path, info.tokenizer_name, info.tokenizer_hash, *want)
         entry = (listed or {}).get(path.name)
         if entry is not None and entry["rows"] != info.num_rows:
             pf.close()
             raise CorruptShardError(
                 f"{path}: corrupt or replaced: {info.num_rows} rows, but the manifest lists {entry['rows']}; "
-                f"{_repair_hint(snap.root)}"
+                f"{repair_hint(snap.root)}"
             )
         yield pf, info
     snap.want = want
@@ -120,16 +120,16 @@ def _log_tables(snap: _Snapshot) -> Iterator[tuple[pa.Table, Path]]:
     for log in snap.logs:
         name, fingerprint = str(log.meta.get("tokenizer_name")), str(log.meta.get("tokenizer_hash"))
         if snap.want is not None and fingerprint != snap.want[1]:
-            raise _mismatch(log.path, name, fingerprint, *snap.want)
+            raise tokenizer_mismatch(log.path, name, fingerprint, *snap.want)
         meta = {METADATA_KEY: json.dumps({"schema_version": SCHEMA_VERSION, "tokenizer_name": name, "tokenizer_hash": fingerprint}).encode()}
         try:
-            table = _rows_table(log.rows, name, fingerprint, meta)
+            table = rows_table(log.rows, name, fingerprint, meta)
         except (pa.ArrowException, ValueError, KeyError, TypeError) as err:
             raise CorruptShardError(f"{log.path}: a record does not fit the schema ({err})") from err
         yield table, log.path
 
 
-def _store_batches(
+def store_batches(
     directory: str | os.PathLike[str],
     tokenizer: Any,
     chat_template: Any,
@@ -143,9 +143,9 @@ def _store_batches(
             try:
                 first = 0
                 want = columns if columns is not None else SCHEMA.names
-                have = [c for c in want if c in _schema_of(info.schema_version).names]
+                have = [c for c in want if c in schema_of(info.schema_version).names]
                 for batch in pf.iter_batches(batch_size=batch_size, columns=have):
-                    yield (batch if have == want else _upgrade(batch, want)), info.path, first
+                    yield (batch if have == want else upgrade_batch(batch, want)), info.path, first
                     first += batch.num_rows
             except StoreError:
                 raise
@@ -171,7 +171,7 @@ def read_table(
         columns: read only these columns (faster for e.g. ``["reward", "env_id"]``).
         tokenizer: when given, refuse a store of another tokenizer.
     """
-    batches = [b for b, _, _ in _store_batches(directory, tokenizer, chat_template, columns, 1 << 16)]
+    batches = [b for b, _, _ in store_batches(directory, tokenizer, chat_template, columns, 1 << 16)]
     schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
     if not batches:
         return schema.empty_table()
@@ -195,9 +195,9 @@ def read_trajectories(
     Args:
         tokenizer: when given, refuse a store of another tokenizer.
     """
-    for batch, path, first in _store_batches(directory, tokenizer, chat_template, SCHEMA.names, batch_size):
+    for batch, path, first in store_batches(directory, tokenizer, chat_template, SCHEMA.names, batch_size):
         try:
-            yield from _decode_batch(batch, path, first)
+            yield from decode_batch(batch, path, first)
         except StoreError:
             raise
         except (OSError, pa.ArrowException, ValueError) as err:

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .episode_log import _Log, _read_log
+from .episode_log import Log, read_log
 from .errors import CorruptShardError, RunMismatchError, ShardListError
-from .files import _TEMP_RE, MANIFEST_NAME, _index, _shard_name, log_paths, shard_paths
-from .fingerprint import _mismatch
-from .manifest import _open_shard, _read_manifest, _repair_hint, _shard_entry
+from .files import TEMP_RE, MANIFEST_NAME, file_index, shard_name, log_paths, shard_paths
+from .fingerprint import tokenizer_mismatch
+from .manifest import open_shard, read_manifest, repair_hint, shard_entry
 from .schema import FORMAT, SCHEMA_VERSION
 
 __all__ = ["run_differences"]
@@ -47,11 +47,11 @@ class _Resume:
     """The manifest to write: the shards on disk (checked), this writer's format and run."""
     next_index: int
     """The number of the next shard: after every listed one."""
-    pending: list[_Log]
+    pending: list[Log]
     """The episode logs no shard holds yet, in index order: the writer compacts or takes them over."""
 
 
-def _check_resume(
+def check_resume(
     root: Path, *, tokenizer_name: str, tokenizer_hash: str, vocab_size: int, run: dict[str, Any] | None
 ) -> _Resume:
     """Check the store at ``root`` for a writer of this tokenizer (and run), and say where it continues.
@@ -59,9 +59,9 @@ def _check_resume(
     The caller holds the store's lock, so what a dead writer left is removed here: temp files, and
     the logs whose shard is listed (their rows are in the shard). Nothing else is written.
     """
-    manifest = _read_manifest(root)
+    manifest = read_manifest(root)
     if manifest is not None and manifest.get("tokenizer_hash") != tokenizer_hash:
-        raise _mismatch(
+        raise tokenizer_mismatch(
             root / MANIFEST_NAME,
             str(manifest.get("tokenizer_name")),
             str(manifest.get("tokenizer_hash")),
@@ -70,11 +70,11 @@ def _check_resume(
         )
     shards = shard_paths(root)
     for path in shards:
-        pf, info = _open_shard(path)
+        pf, info = open_shard(path)
         pf.close()
         if info.tokenizer_hash != tokenizer_hash:
-            raise _mismatch(path, info.tokenizer_name, info.tokenizer_hash, tokenizer_name, tokenizer_hash)
-    logs = {_index(p): p for p in log_paths(root)}
+            raise tokenizer_mismatch(path, info.tokenizer_name, info.tokenizer_hash, tokenizer_name, tokenizer_hash)
+    logs = {file_index(p): p for p in log_paths(root)}
     listed: dict[str, dict[str, Any]] | None = None
     if manifest is not None and isinstance(manifest.get("shards"), list):
         listed = {e["name"]: e for e in manifest["shards"]}
@@ -85,23 +85,23 @@ def _check_resume(
         if missing:
             raise ShardListError(
                 f"{root / missing[0]}: listed in the manifest ({listed[missing[0]]['rows']} trajectories) "
-                f"but missing{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; {_repair_hint(root)}"
+                f"but missing{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; {repair_hint(root)}"
             )
     for path in shards:
         if listed is not None and path.name in listed:
             entry = listed[path.name]
-            pf, info = _open_shard(path)
+            pf, info = open_shard(path)
             pf.close()
             if info.num_rows != entry["rows"]:
                 raise CorruptShardError(
-                    f"{path}: {info.num_rows} rows, but the manifest lists {entry['rows']}; {_repair_hint(root)}"
+                    f"{path}: {info.num_rows} rows, but the manifest lists {entry['rows']}; {repair_hint(root)}"
                 )
             entries.append(entry)
         elif listed is None:  # a store of an older tokengym, or a lost manifest: adopt the shards
-            entries.append(_shard_entry(path))
-        elif _index(path) in logs:  # killed between the shard's rename and the manifest update
-            log = _read_log(logs[_index(path)])
-            entry = _shard_entry(path)
+            entries.append(shard_entry(path))
+        elif file_index(path) in logs:  # killed between the shard's rename and the manifest update
+            log = read_log(logs[file_index(path)])
+            entry = shard_entry(path)
             if entry["rows"] != len(log.rows):
                 raise CorruptShardError(
                     f"{path}: {entry['rows']} rows, but its episode log {log.path.name} holds {len(log.rows)}"
@@ -110,11 +110,11 @@ def _check_resume(
         else:
             raise ShardListError(
                 f"{path}: a shard the manifest does not list (not written by this store's writers); "
-                f"move it away, or {_repair_hint(root).replace('restore the file, or ', '')}"
+                f"move it away, or {repair_hint(root).replace('restore the file, or ', '')}"
             )
     # We hold the lock, so any temp file is a dead writer's unfinished shard or manifest.
     for p in root.iterdir():
-        if _TEMP_RE.match(p.name):
+        if TEMP_RE.match(p.name):
             p.unlink()
     body = dict(manifest or {})
     body.update(
@@ -126,14 +126,14 @@ def _check_resume(
         shards=entries,
     )
     stored = sum(e["rows"] for e in entries)
-    pending: list[_Log] = []
+    pending: list[Log] = []
     for index, path in sorted(logs.items()):
-        if _shard_name(index) in {e["name"] for e in entries}:
+        if shard_name(index) in {e["name"] for e in entries}:
             path.unlink()  # its rows are in the shard already
             continue
-        log = _read_log(path)
+        log = read_log(path)
         if log.rows and log.meta.get("tokenizer_hash") != tokenizer_hash:
-            raise _mismatch(
+            raise tokenizer_mismatch(
                 path, str(log.meta.get("tokenizer_name")), str(log.meta.get("tokenizer_hash")),
                 tokenizer_name, tokenizer_hash,
             )
@@ -152,5 +152,5 @@ def _check_resume(
                 "Use the same settings to continue it, or another directory"
             )
         body["run"] = run
-    next_index = max([_index(root / e["name"]) + 1 for e in entries], default=0)
+    next_index = max([file_index(root / e["name"]) + 1 for e in entries], default=0)
     return _Resume(body, next_index, pending)

@@ -20,7 +20,7 @@ import pyarrow as pa
 from ..segments import Segment, SegmentKind
 from ..trajectory import Trajectory
 from .errors import CorruptShardError, SchemaVersionError
-from .schema import _INT32_MAX, READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION, SEGMENT_TYPE
+from .schema import INT32_MAX, READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION, SEGMENT_TYPE
 
 
 def _json(value: Any, what: str) -> str:
@@ -41,7 +41,7 @@ def _json(value: Any, what: str) -> str:
         raise ValueError(f"the trajectory's {what} cannot be stored as JSON: {err}") from err
 
 
-def _trajectory_row(t: Trajectory, vocab_size: int, tokenizer_name: str) -> dict[str, Any]:
+def trajectory_row(t: Trajectory, vocab_size: int, tokenizer_name: str) -> dict[str, Any]:
     """``t`` as a row: the columns of :data:`SCHEMA` but the tokenizer's three, logprobs as
     ``(values, given)``; a ValueError for what cannot be stored (ids outside the vocabulary)."""
     ids = t.token_ids
@@ -50,7 +50,7 @@ def _trajectory_row(t: Trajectory, vocab_size: int, tokenizer_name: str) -> dict
             f"the trajectory has token ids outside [0, {vocab_size}) of tokenizer "
             f"{tokenizer_name!r}: was it recorded with another tokenizer?"
         )
-    if len(ids) > _INT32_MAX:
+    if len(ids) > INT32_MAX:
         raise ValueError(f"a trajectory of {len(ids)} tokens does not fit int32 offsets")
     values = np.full(len(ids), np.nan, dtype=np.float32)
     given = np.zeros(len(ids), dtype=bool)
@@ -85,8 +85,8 @@ def _trajectory_row(t: Trajectory, vocab_size: int, tokenizer_name: str) -> dict
     }
 
 
-def _rows_table(rows: list[dict[str, Any]], name: str, fingerprint: str, file_meta: dict[bytes, bytes]) -> pa.Table:
-    """Converted rows (:func:`_trajectory_row`) as a table of :data:`SCHEMA`."""
+def rows_table(rows: list[dict[str, Any]], name: str, fingerprint: str, file_meta: dict[bytes, bytes]) -> pa.Table:
+    """Converted rows (:func:`trajectory_row`) as a table of :data:`SCHEMA`."""
 
     def lists(arrays: list[np.ndarray], typ: pa.DataType, mask: np.ndarray | None = None) -> pa.Array:
         offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
@@ -125,7 +125,7 @@ def _flat(batch: pa.RecordBatch, name: str) -> tuple[pa.Array, np.ndarray]:
     return arr.flatten(), offsets
 
 
-def _decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Trajectory]:
+def decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Trajectory]:
     import pyarrow.compute as pc
 
     ids_arr, ids_off = _flat(batch, "token_ids")

@@ -51,15 +51,15 @@ SCHEMA = pa.schema(
     ]
 )
 
-_INT32_MAX = 2**31 - 1
+INT32_MAX = 2**31 - 1
 
 
-def _schema_of(version: int) -> pa.Schema:
+def schema_of(version: int) -> pa.Schema:
     """The columns a shard of schema ``version`` has."""
     return SCHEMA if version >= 2 else pa.schema([f for f in SCHEMA if f.name != "finish_reasons"])
 
 
-def _upgrade(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
+def upgrade_batch(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
     """A batch of an older shard with the columns it lacks added as nulls, in ``columns`` order."""
     arrays = [
         batch.column(name) if name in batch.schema.names else pa.nulls(batch.num_rows, SCHEMA.field(name).type)
@@ -68,7 +68,7 @@ def _upgrade(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([SCHEMA.field(c) for c in columns]))
 
 
-def _check_version(version: Any, where: Path) -> None:
+def check_version(version: Any, where: Path) -> None:
     """Refuse a schema version this tokengym cannot read; ``where`` is the file that has it."""
     if version not in READABLE_VERSIONS:
         hint = (

@@ -26,13 +26,13 @@ import pyarrow.parquet as pq
 
 from ..stopping import uninterrupted
 from ..trajectory import Trajectory
-from .episode_log import _encode_row, _log_header
+from .episode_log import encode_row, log_header
 from .errors import DiskFullError, StoreError, StoreWarning
-from .files import LOCK_NAME, _atomic_write, _fsync_dir, _index, _log_name, _shard_name
-from .fingerprint import _display_name, _unwrap, tokenizer_fingerprint
-from .manifest import _write_manifest
-from .resume import _check_resume
-from .rows import _rows_table, _trajectory_row
+from .files import LOCK_NAME, atomic_write, fsync_dir, file_index, log_name, shard_name
+from .fingerprint import display_name, unwrap, tokenizer_fingerprint
+from .manifest import write_manifest
+from .resume import check_resume
+from .rows import rows_table, trajectory_row
 from .schema import METADATA_KEY, SCHEMA_VERSION
 
 try:  # advisory locking is POSIX-only; elsewhere a second writer is simply not detected
@@ -96,13 +96,13 @@ class TrajectoryWriter:
             raise ValueError(f"shard_size must be a positive integer, got {shard_size!r}")
         if not fsync_interval >= 0:
             raise ValueError(f"fsync_interval must be >= 0 seconds, got {fsync_interval!r}")
-        tok, _ = _unwrap(tokenizer, chat_template)
+        tok, _ = unwrap(tokenizer, chat_template)
         self.directory = Path(directory)
         self.shard_size = shard_size
         self.compression = compression
         self.fsync_interval = float(fsync_interval)
         self.tokenizer_hash = tokenizer_fingerprint(tokenizer, chat_template)
-        self.tokenizer_name = tokenizer_name or _display_name(tokenizer)
+        self.tokenizer_name = tokenizer_name or display_name(tokenizer)
         self.vocab_size = len(tok)
         self.num_written = 0  # trajectories this writer made durable (in the log, then in shards)
         self.recovered = 0  # trajectories taken over from a crashed writer's log
@@ -159,10 +159,10 @@ class TrajectoryWriter:
             self._lock_fd = None
 
     def _open(self, run: dict[str, Any] | None) -> None:
-        """Check the store (:func:`_check_resume`), write its manifest, and turn into shards (or take
+        """Check the store (:func:`check_resume`), write its manifest, and turn into shards (or take
         over) the logs a crashed writer left."""
         root = self.directory
-        resume = _check_resume(
+        resume = check_resume(
             root,
             tokenizer_name=self.tokenizer_name,
             tokenizer_hash=self.tokenizer_hash,
@@ -172,10 +172,10 @@ class TrajectoryWriter:
         body, pending = resume.manifest, resume.pending
         self._manifest = body
         self._next_index = resume.next_index
-        _write_manifest(root, body)
+        write_manifest(root, body)
         # Every uncompacted log but the newest becomes a shard now; the newest is taken over.
         for log in pending:
-            self._next_index = max(self._next_index, _index(log.path))
+            self._next_index = max(self._next_index, file_index(log.path))
             self._rows = log.rows
             self.recovered += len(log.rows)
             if not log.rows:
@@ -207,7 +207,7 @@ class TrajectoryWriter:
         if not isinstance(trajectory, Trajectory):
             raise TypeError(f"expected a Trajectory, got {type(trajectory).__name__}")
         row = self._row(trajectory)
-        record = _encode_row(row)
+        record = encode_row(row)
         with self._mutex, uninterrupted():  # a stop signal waits until the bookkeeping is done
             if self._closed:
                 raise StoreError(f"{self.directory}: the writer is closed")
@@ -222,7 +222,7 @@ class TrajectoryWriter:
         new = self._log_fd is None
         try:
             if new:
-                path = self.directory / _log_name(self._next_index)
+                path = self.directory / log_name(self._next_index)
                 self._log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
                 self._log_path, self._log_size = path, 0
                 meta = {
@@ -230,14 +230,14 @@ class TrajectoryWriter:
                     "tokenizer_name": self.tokenizer_name,
                     "tokenizer_hash": self.tokenizer_hash,
                 }
-                record = _log_header(meta) + record
+                record = log_header(meta) + record
             view = memoryview(record)
             while view:
                 view = view[os.write(self._log_fd, view) :]  # type: ignore[arg-type]
             if self.fsync_interval == 0 or new:
                 os.fsync(self._log_fd)  # type: ignore[arg-type]
             if new:
-                _fsync_dir(self.directory)  # the new log's directory entry
+                fsync_dir(self.directory)  # the new log's directory entry
         except OSError as err:
             self._cut_back(new)
             raise self._write_error(err, "the trajectory was not stored") from err
@@ -312,10 +312,10 @@ class TrajectoryWriter:
             os.close(fd)
 
     def _row(self, t: Trajectory) -> dict[str, Any]:
-        return _trajectory_row(t, self.vocab_size, self.tokenizer_name)
+        return trajectory_row(t, self.vocab_size, self.tokenizer_name)
 
     def _table(self, rows: list[dict[str, Any]]) -> pa.Table:
-        return _rows_table(rows, self.tokenizer_name, self.tokenizer_hash, self._file_meta)
+        return rows_table(rows, self.tokenizer_name, self.tokenizer_hash, self._file_meta)
 
     def _try_compact(self) -> None:
         """Compact inside ``write``: a failure keeps the trajectories in the log and warns; ``write`` succeeded."""
@@ -324,8 +324,8 @@ class TrajectoryWriter:
         except (OSError, StoreError) as err:
             self._retry_at = len(self._rows) + self.shard_size
             warnings.warn(
-                f"{self.directory}: could not write shard {_shard_name(self._next_index)} ({err}); its "
-                f"{len(self._rows)} trajectories stay safe in the episode log {_log_name(self._next_index)} and "
+                f"{self.directory}: could not write shard {shard_name(self._next_index)} ({err}); its "
+                f"{len(self._rows)} trajectories stay safe in the episode log {log_name(self._next_index)} and "
                 f"the shard is tried again after {self.shard_size} more writes or at close",
                 StoreWarning,
                 stacklevel=3,
@@ -339,17 +339,17 @@ class TrajectoryWriter:
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression=self.compression, write_page_checksum=True)
         data = sink.getvalue().to_pybytes()
-        final = self.directory / _shard_name(self._next_index)
+        final = self.directory / shard_name(self._next_index)
         if final.exists():  # another process ignored the lock; never overwrite a shard
             raise StoreError(f"{final} already exists: refusing to overwrite a shard")
         try:
-            _atomic_write(final, lambda f: f.write(data))
+            atomic_write(final, lambda f: f.write(data))
         except OSError as err:
             raise self._write_error(err, f"shard {final.name} was not written") from err
         entry = {"name": final.name, "rows": len(self._rows), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         self._manifest["shards"] = [*self._manifest["shards"], entry]
         try:
-            _write_manifest(self.directory, self._manifest)
+            write_manifest(self.directory, self._manifest)
         except OSError as err:
             # The shard is complete and its log still there: the next writer lists it.
             self._manifest["shards"] = self._manifest["shards"][:-1]
@@ -449,7 +449,7 @@ class TrajectoryWriter:
         if n:
             warnings.warn(
                 f"TrajectoryWriter({str(self.directory)!r}) was dropped without close(): none of its trajectories "
-                f"is lost, but {n} of them are still in the episode log {_log_name(self._next_index)}, not in a "
+                f"is lost, but {n} of them are still in the episode log {log_name(self._next_index)}, not in a "
                 "shard (tokengym readers see them; the next writer on this directory compacts them). Close writers "
                 "or use `with`",
                 StoreWarning,

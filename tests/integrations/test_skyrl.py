@@ -141,7 +141,10 @@ def test_adapter_wraps_an_env_instance(renderer):
     start = meta["task"]["start"]
     out = env.step(model_text(renderer, {"role": "assistant", "content": "", "tool_calls": [call("get", key=start)]}, meta["tools"]))
     assert meta["task"]["answer"] in out["observations"][0]["content"]
-    assert isinstance(np.asarray(out["metadata"]["observation_ids"]), np.ndarray)
+    # The observation's token ids carry the tool result the observation message shows.
+    ids = np.asarray(out["metadata"]["observation_ids"])
+    assert ids.ndim == 1 and np.issubdtype(ids.dtype, np.integer)
+    assert out["observations"][0]["content"] in renderer.decode(ids)
     env.close()
 
 

@@ -34,7 +34,7 @@ pool replaces it with a fresh container (``recycle="fresh"``, the default) or wi
 (``recycle="wipe"``), in the background, so an episode never waits for a container start.
 """
 
-from .engine import LABEL, OWNER_LABEL, POOL_LABEL, _owner, cleanup_containers, docker_client
+from .engine import LABEL, OWNER_LABEL, POOL_LABEL, process_owner, cleanup_containers, docker_client
 from .framing import GRACE_S
 from .pool import DockerPool
 from .sandbox import DockerSandbox
@@ -50,7 +50,7 @@ __all__ = [
     "WORKSPACE",
     "DockerPool",
     "DockerSandbox",
-    "_owner",
+    "process_owner",
     "cleanup_containers",
     "docker_client",
 ]

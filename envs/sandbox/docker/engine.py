@@ -18,7 +18,7 @@ POOL_LABEL = "org.tokengym.sandbox.pool"
 API_TIMEOUT_S = 30
 """Timeout of one Docker API request (create, start, remove...)."""
 
-def _docker() -> Any:
+def docker_sdk() -> Any:
     try:
         import docker  # noqa: PLC0415
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -35,7 +35,7 @@ _CLIENTS_LOCK = threading.Lock()
 def docker_client(docker_host: str | None = None) -> Any:
     """A shared ``docker.DockerClient`` for ``docker_host`` (default: ``DOCKER_HOST`` or the default
     socket), checked to answer; :class:`SandboxError` with a clear reason when no engine does."""
-    docker = _docker()
+    docker = docker_sdk()
     key = docker_host or os.environ.get("DOCKER_HOST") or ""
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
@@ -88,7 +88,7 @@ def _proc_start_time(pid: int) -> str | None:
 _OWNERS: dict[int, str] = {}
 
 
-def _owner() -> str:
+def process_owner() -> str:
     """This process's owner label (computed per pid: a forked child is an owner of its own)."""
     pid = os.getpid()
     if pid not in _OWNERS:
@@ -115,12 +115,12 @@ def cleanup_containers(
     By default only those whose owner process (on this host) is gone; ``all=True`` removes every
     sandbox container of the engine, including live ones of other processes. Returns the removed ids.
     """
-    docker = _docker()
+    docker = docker_sdk()
     client = client or docker_client(docker_host)
     removed = []
     for c in client.api.containers(all=True, filters={"label": f"{LABEL}=1"}):
         owner = (c.get("Labels") or {}).get(OWNER_LABEL, "")
-        if not all and (owner == _owner() or _owner_alive(owner)):
+        if not all and (owner == process_owner() or _owner_alive(owner)):
             continue
         try:
             client.api.remove_container(c["Id"], force=True)

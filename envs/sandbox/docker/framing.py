@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .engine import _docker
+from .engine import docker_sdk
 from .spec import SANDBOX_USER, WORKSPACE
 
 GRACE_S = 3.0
@@ -54,12 +54,12 @@ while [ $# -gt 1 ]; do
   shift
 done
 """
-_WRITE = "op=write" + _WALK + r"""
+WRITE = "op=write" + _WALK + r"""
 if [ -d "$1" ] && [ ! -L "$1" ]; then echo "it is a directory" >&2; exit 4; fi
 rm -f -- "$1" || exit 4
 exec cat > "$1"
 """
-_READ = "op=read" + _WALK + r"""
+READ = "op=read" + _WALK + r"""
 if [ -L "$1" ]; then echo "it is a symlink; it is not followed" >&2; exit 3; fi
 if [ ! -e "$1" ]; then echo "no such file" >&2; exit 2; fi
 if [ ! -f "$1" ]; then echo "it is not a regular file" >&2; exit 4; fi
@@ -67,7 +67,7 @@ if [ -n "$max" ]; then exec head -c "$max" -- "$1"; fi
 exec cat -- "$1"
 """
 # Nothing of the sandbox user runs now: every call's wrapper killed what it left (or _kill_all did).
-_WIPE = r"""
+WIPE = r"""
 chmod -R u+rwX /workspace /tmp /dev/shm 2>/dev/null
 find /workspace /tmp /dev/shm /dev/mqueue -mindepth 1 -delete 2>/dev/null
 ipcrm --all 2>/dev/null
@@ -100,7 +100,7 @@ class _Output:
 
 
 @dataclass
-class _Raw:
+class Raw:
     """What one exec produced, before it is judged."""
 
     stdout: _Output
@@ -112,11 +112,11 @@ class _Raw:
     marker: bool  # the wrapper's status line was seen
 
 
-class _ExecFailed(Exception):
+class ExecFailed(Exception):
     """The engine did not run the exec (container gone, engine error)."""
 
 
-def _exec(
+def exec_in_container(
     client: Any,
     cid: str,
     argv: list[str],
@@ -126,8 +126,8 @@ def _exec(
     stdout_limit: int,
     stderr_limit: int,
     env: dict[str, str],
-) -> _Raw:
-    docker = _docker()
+) -> Raw:
+    docker = docker_sdk()
     api = client.api
     nonce = secrets.token_hex(6)
     cmd = ["/bin/sh", "-c", _WRAPPER, "tokengym", nonce, f"{timeout_s:.3f}", *argv]
@@ -145,9 +145,9 @@ def _exec(
         )
         api._raise_for_status(res)
     except docker.errors.DockerException as e:
-        raise _ExecFailed(str(e)) from e
+        raise ExecFailed(str(e)) from e
     except OSError as e:  # the engine went away, a request timed out
-        raise _ExecFailed(f"{type(e).__name__}: {e}") from e
+        raise ExecFailed(f"{type(e).__name__}: {e}") from e
     # The hijacked connection: read through http.client's buffered reader (it may hold the first
     # bytes already), write stdin to the socket underneath.
     fp = res.raw._fp.fp
@@ -231,4 +231,4 @@ def _exec(
             exit_code = None
     if len(err.head) > stderr_limit:
         del err.head[stderr_limit:]
-    return _Raw(out, err, exit_code, oom, timed_out, duration, marker)
+    return Raw(out, err, exit_code, oom, timed_out, duration, marker)

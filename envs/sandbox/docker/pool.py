@@ -14,7 +14,7 @@ from typing import Any, Literal
 from ..base import Limits, SandboxError, resolve_limits
 from .engine import POOL_LABEL, cleanup_containers
 from .sandbox import DockerSandbox
-from .spec import _Container, _remove, _Spec
+from .spec import Container, remove_container, Spec
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -67,7 +67,7 @@ class DockerPool:
         self.size = size
         self.recycle = recycle
         self.id = secrets.token_hex(4)
-        self._spec = _Spec(
+        self._spec = Spec(
             limits=resolve_limits(limits, limit_overrides, "DockerPool"),
             image=image,
             runtime=runtime,
@@ -84,7 +84,7 @@ class DockerPool:
         if cleanup_orphans:
             cleanup_containers(client=self._spec.client)
         self._cond = threading.Condition()
-        self._ready: deque[_Container] = deque()
+        self._ready: deque[Container] = deque()
         self._pending = 0  # starts (and wipes) in flight
         self._leased: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
         self._closed = False
@@ -134,15 +134,15 @@ class DockerPool:
         if not keep:
             self._remove(container.id)
 
-    def _remove(self, cid: str) -> None:
+    def remove_container(self, cid: str) -> None:
         try:
-            _remove(self._spec.client, cid)
+            remove_container(self._spec.client, cid)
             with self._cond:
                 self.stats["removed"] += 1
         except Exception:
             pass
 
-    def _give_back(self, container: _Container) -> bool:
+    def _give_back(self, container: Container) -> bool:
         """Called by a pooled sandbox's close(); False when the pool is closed (remove it then)."""
         with self._cond:
             if self._closed:
@@ -158,7 +158,7 @@ class DockerPool:
                 return False
         return True
 
-    def _recycle(self, container: _Container) -> None:
+    def _recycle(self, container: Container) -> None:
         if self.recycle == "fresh":
             self._remove(container.id)
             self._refill()

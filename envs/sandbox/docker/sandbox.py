@@ -22,8 +22,8 @@ from ..base import (
     signal_message,
     workspace_parts,
 )
-from .framing import _READ, _WIPE, _WRITE, _exec, _ExecFailed, _Raw
-from .spec import WORKSPACE, _Container, _remove, _Spec
+from .framing import READ, WIPE, WRITE, exec_in_container, ExecFailed, Raw
+from .spec import WORKSPACE, Container, remove_container, Spec
 
 if TYPE_CHECKING:
     from .pool import DockerPool
@@ -40,7 +40,7 @@ class _Lease:
 
 def _finalize(lease: _Lease) -> None:
     try:
-        _remove(lease.client, lease.cid)
+        remove_container(lease.client, lease.cid)
     except Exception:
         pass
 
@@ -81,14 +81,14 @@ class DockerSandbox(Sandbox):
         labels: Mapping[str, str] | None = None,
         docker_host: str | None = None,
         client: Any = None,
-        _spec: _Spec | None = None,
-        _container: _Container | None = None,
+        _spec: Spec | None = None,
+        _container: Container | None = None,
         _pool: DockerPool | None = None,
         **limit_overrides: Any,
     ) -> None:
         self._closed = True  # until fully built
         if _spec is None:
-            _spec = _Spec(
+            _spec = Spec(
                 limits=resolve_limits(limits, limit_overrides, "DockerSandbox"),
                 image=image,
                 runtime=runtime,
@@ -134,7 +134,7 @@ class DockerSandbox(Sandbox):
     def _replace_container(self) -> str:
         """Throw the container away and start a fresh one; returns a note for the message."""
         try:
-            _remove(self._spec.client, self._container.id)
+            remove_container(self._spec.client, self._container.id)
         except Exception:
             pass
         try:
@@ -163,7 +163,7 @@ class DockerSandbox(Sandbox):
         timeout_s: float | None,
         stdin: bytes | None,
         stdout_limit: int | None = None,
-    ) -> tuple[ExecResult, _Raw | None]:
+    ) -> tuple[ExecResult, Raw | None]:
         self._check_open()
         timeout = float(self.limits.timeout_s if timeout_s is None else timeout_s)
         if not timeout > 0:
@@ -173,7 +173,7 @@ class DockerSandbox(Sandbox):
             self._check_open()
             start = time.monotonic()
             try:
-                raw = _exec(
+                raw = exec_in_container(
                     self._spec.client,
                     self._container.id,
                     argv,
@@ -183,7 +183,7 @@ class DockerSandbox(Sandbox):
                     stderr_limit=self.limits.max_output_bytes,
                     env=self._spec.env,
                 )
-            except _ExecFailed as e:
+            except ExecFailed as e:
                 note = self._replace_container()
                 return (
                     ExecResult(
@@ -198,7 +198,7 @@ class DockerSandbox(Sandbox):
                 )
             return self._judge(raw, timeout), raw
 
-    def _judge(self, raw: _Raw, timeout: float) -> ExecResult:
+    def _judge(self, raw: Raw, timeout: float) -> ExecResult:
         status: Status
         code = raw.exit_code
         message = ""
@@ -254,7 +254,7 @@ class DockerSandbox(Sandbox):
     def _kill_all(self) -> bool:
         """Kill every process of the sandbox user (an exec of its own); False when the engine fails to."""
         try:
-            raw = _exec(
+            raw = exec_in_container(
                 self._spec.client,
                 self._container.id,
                 ["true"],
@@ -264,7 +264,7 @@ class DockerSandbox(Sandbox):
                 stderr_limit=1024,
                 env=self._spec.env,
             )
-        except _ExecFailed:
+        except ExecFailed:
             return False
         return raw.marker and not raw.timed_out
 
@@ -309,7 +309,7 @@ class DockerSandbox(Sandbox):
             raise SandboxError(
                 f"cannot write {path!r}: {len(data)} bytes is over the file size limit of {self.limits.max_file_mb} MB"
             )
-        result, _ = self._call(["/bin/sh", "-c", _WRITE, "write", *parts], timeout_s=max(self.limits.timeout_s, 30.0), stdin=data)
+        result, _ = self._call(["/bin/sh", "-c", WRITE, "write", *parts], timeout_s=max(self.limits.timeout_s, 30.0), stdin=data)
         if result.status != "ok":
             raise self._file_error("write", path, result)
 
@@ -319,7 +319,7 @@ class DockerSandbox(Sandbox):
         if max_bytes is not None and max_bytes <= 0:
             return b""
         limit = max_bytes if max_bytes is not None else (self._spec.workspace_mb + self._spec.tmp_mb) << 20
-        script = f"max={max_bytes if max_bytes is not None else ''}\n" + _READ
+        script = f"max={max_bytes if max_bytes is not None else ''}\n" + READ
         result, raw = self._call(
             ["/bin/sh", "-c", script, "read", *parts], timeout_s=max(self.limits.timeout_s, 30.0), stdin=None, stdout_limit=limit
         )
@@ -330,7 +330,7 @@ class DockerSandbox(Sandbox):
     # --- lifetime ----------------------------------------------------------------------------------
 
     def _wipe(self) -> bool:
-        result, _ = self._call(["/bin/sh", "-c", _WIPE], timeout_s=30.0, stdin=None)
+        result, _ = self._call(["/bin/sh", "-c", WIPE], timeout_s=30.0, stdin=None)
         return result.status == "ok"
 
     def reset(self) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base import Isolation, Limits, SandboxError
-from .engine import LABEL, OWNER_LABEL, _docker, _owner, docker_client
+from .engine import LABEL, OWNER_LABEL, docker_sdk, process_owner, docker_client
 
 DEFAULT_IMAGE = "tokengym-sandbox:bookworm"
 """The sandbox image; ``TOKENGYM_SANDBOX_IMAGE`` overrides it."""
@@ -39,7 +39,7 @@ ENV = {
 
 
 @dataclass
-class _Container:
+class Container:
     """A started container and what was measured about it."""
 
     id: str
@@ -57,7 +57,7 @@ def _swap_limited(client: Any) -> bool:
     return bool(info.get("SwapLimit", True))
 
 
-class _Spec:
+class Spec:
     """How to start a sandbox container (shared by a sandbox and the pool that makes it)."""
 
     def __init__(
@@ -88,16 +88,16 @@ class _Spec:
     def check_image(self) -> None:
         if self._checked_image:
             return
-        docker = _docker()
+        docker = docker_sdk()
         try:
             self.client.api.inspect_image(self.image)
         except docker.errors.ImageNotFound:
             raise SandboxError(f"the sandbox image {self.image!r} is not in the Docker engine: {IMAGE_HELP}") from None
         self._checked_image = True
 
-    def start(self) -> _Container:
+    def start(self) -> Container:
         """Create, start and inspect one container; removed again if anything fails."""
-        docker = _docker()
+        docker = docker_sdk()
         self.check_image()
         api = self.client.api
         lim = self.limits
@@ -127,7 +127,7 @@ class _Spec:
             log_config=docker.types.LogConfig(type="none"),
             runtime=self.runtime,
         )
-        labels = {LABEL: "1", OWNER_LABEL: _owner(), **self.labels}
+        labels = {LABEL: "1", OWNER_LABEL: process_owner(), **self.labels}
         try:
             cid = api.create_container(
                 self.image,
@@ -147,10 +147,10 @@ class _Spec:
         try:
             api.start(cid)
             info = api.inspect_container(cid)
-            return _Container(cid, self._measure(info))
+            return Container(cid, self._measure(info))
         except BaseException as e:
             try:
-                _remove(self.client, cid)
+                remove_container(self.client, cid)
             except Exception:
                 pass
             if isinstance(e, docker.errors.APIError):
@@ -194,8 +194,8 @@ class _Spec:
         )
 
 
-def _remove(client: Any, cid: str) -> None:
-    docker = _docker()
+def remove_container(client: Any, cid: str) -> None:
+    docker = docker_sdk()
     try:
         client.api.remove_container(cid, force=True)
     except docker.errors.NotFound:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..base import Limits
-from .paths import INSIDE_UID, RUNDIR_INSIDE, WORKDIR_INSIDE, _python_prefix, _under
+from .paths import INSIDE_UID, RUNDIR_INSIDE, WORKDIR_INSIDE, python_prefix, is_under
 
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC_FILES = (
@@ -86,12 +86,12 @@ def bwrap_argv(
     a += ["--ro-bind", os.path.join(run_dir, "etc", "passwd"), "/etc/passwd"]
     a += ["--ro-bind", os.path.join(run_dir, "etc", "group"), "/etc/group"]
     shown = ["/usr"]
-    prefix = _python_prefix(python)
-    if not any(_under(prefix, s) for s in shown):
+    prefix = python_prefix(python)
+    if not any(is_under(prefix, s) for s in shown):
         a += ["--ro-bind", prefix, prefix]
         shown.append(prefix)
     for p in ro_binds:
-        if os.path.exists(p) and not any(_under(p, s) for s in shown):
+        if os.path.exists(p) and not any(is_under(p, s) for s in shown):
             a += ["--ro-bind", p, p]
     a += [
         "--proc", "/proc",

@@ -23,14 +23,14 @@ from ..base import (
 )
 from .cgroups import Cgroup
 from .quota import usage
-from .uids import _kill_by_marker, _kill_uid
+from .uids import kill_by_marker, kill_uid
 
 _DRAIN_GRACE_S = 0.5  # after the main process ends (or is killed): how long pipes may stay open
 _READ_CHUNK = 1 << 16
 _WATCH_EVERY_S = 0.2  # how often the quota watchdog measures the workspace during a call
 
 
-class _Call:
+class Call:
     """One running command: its process, and whether it was killed for the time limit."""
 
     def __init__(self, proc: subprocess.Popen[bytes], marker: str) -> None:
@@ -42,7 +42,7 @@ class _Call:
         self.over_quota = False
 
 
-def _killpg(proc: subprocess.Popen[bytes]) -> None:
+def killpg(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
@@ -52,18 +52,18 @@ def _killpg(proc: subprocess.Popen[bytes]) -> None:
             pass
 
 
-class _Runner:
+class Runner:
     """The part of :class:`LocalSandbox` that runs one call and judges what it did."""
 
     limits: Limits
     _lock: threading.Lock
-    _calls: set[_Call]
+    _calls: set[Call]
     _use_bwrap: bool
     _own_uid: int | None
     _cgroup: Cgroup | None
     _watched: Any  # LocalSandbox's: () -> (paths, max bytes, max files) | None
 
-    def _check_quota(self, call: _Call) -> bool:
+    def _check_quota(self, call: Call) -> bool:
         """Watchdog: True (and the call killed) when the workspace went past its quota and grew
         during this call (a call that only deletes is never stopped)."""
         watched = self._watched()
@@ -78,7 +78,7 @@ class _Runner:
         return over
 
     def _communicate(
-        self, call: _Call, stdin: str | None, deadline: float
+        self, call: Call, stdin: str | None, deadline: float
     ) -> tuple[bytes, bytes, tuple[int, int], bool]:
         proc = call.proc
         cap = self.limits.max_output_bytes
@@ -177,7 +177,7 @@ class _Runner:
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                _killpg(proc)
+                killpg(proc)
                 proc.wait()
             for f in (proc.stdout, proc.stderr, proc.stdin):
                 if f is not None:
@@ -188,34 +188,34 @@ class _Runner:
         fds = list(bufs)
         return bytes(bufs[fds[0]]), bytes(bufs[fds[1]]), (drop[fds[0]], drop[fds[1]]), timed_out
 
-    def _kill_call(self, call: _Call) -> None:
+    def _kill_call(self, call: Call) -> None:
         """Kill one call's processes: its process group (and, without bwrap, its leftovers)."""
-        _killpg(call.proc)
+        killpg(call.proc)
         if not self._use_bwrap and not self._own_uid:
-            _kill_by_marker(call.marker)
+            kill_by_marker(call.marker)
 
-    def _after_exit(self, call: _Call) -> None:
+    def _after_exit(self, call: Call) -> None:
         """The main process has exited (not yet reaped): kill what it left in the background,
         so that nothing keeps the output pipes open."""
-        _killpg(call.proc)  # under bwrap: the outer bwrap; the pid namespace takes the rest with it
+        killpg(call.proc)  # under bwrap: the outer bwrap; the pid namespace takes the rest with it
         if self._use_bwrap:
             return
         if self._own_uid is None:
-            _kill_by_marker(call.marker)
+            kill_by_marker(call.marker)
             return
         with self._lock:
             alone = self._calls == {call}
         if alone:  # (with other calls running, the last one to finish sweeps)
-            _kill_uid(self._own_uid)
+            kill_uid(self._own_uid)
 
-    def _finish(self, call: _Call) -> None:
+    def _finish(self, call: Call) -> None:
         with self._lock:
             self._calls.discard(call)
             last = not self._calls
         if last and self._own_uid is not None and not self._use_bwrap:
             # nothing of this sandbox may outlive its last running call (nor, as zombies, hold
             # its process limit against the next call)
-            _kill_uid(self._own_uid, zombies_at_most=self.limits.max_processes // 4)
+            kill_uid(self._own_uid, zombies_at_most=self.limits.max_processes // 4)
         if last and self._cgroup is not None and not self._use_bwrap:
             self._cgroup.kill_all()  # whatever left the process group and changed its environment
 

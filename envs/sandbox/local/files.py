@@ -11,7 +11,7 @@ from typing import Any
 from ..base import SandboxError, workspace_parts
 from .paths import WORKDIR_INSIDE
 
-class _WorkspaceFiles:
+class WorkspaceFiles:
     """The part of :class:`LocalSandbox` that reads and writes workspace files for the host."""
 
     workdir: str

@@ -16,7 +16,7 @@ import os
 import stat
 from collections.abc import Iterable
 
-from .quota import _libc
+from .quota import load_libc
 
 __all__ = ["remove_tree", "remove_uid_leftovers"]
 
@@ -137,7 +137,7 @@ def remove_uid_leftovers(uid: int, *, dirs: Iterable[str] = SHARED_DIRS) -> list
                 remove_tree(path)
             except OSError as err:
                 failed.append(f"{path}: {err.strerror}")
-    libc = _libc()
+    libc = load_libc()
     ipc_rmid = 0
     for kind in ("shm", "sem", "msg"):
         for ident in _sysv_ids(kind, uid):

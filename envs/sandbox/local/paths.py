@@ -14,11 +14,11 @@ INSIDE_UID = 1000
 TMP_PREFIX = "tokengym-sandbox-"
 
 
-def _under(path: str, prefix: str) -> bool:
+def is_under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix.rstrip("/") + "/")
 
 
-def _python_prefix(python: str) -> str:
+def python_prefix(python: str) -> str:
     """The installation directory to expose for ``python`` (``<prefix>/bin/python3.X`` -> ``<prefix>``)."""
     return os.path.dirname(os.path.dirname(os.path.realpath(python)))
 
@@ -51,7 +51,7 @@ def _accessible(path: str, uid: int, gid: int, *, need: int = os.X_OK | os.R_OK)
         return False
 
 
-def _pick_python(uid: int, gid: int) -> str:
+def pick_python(uid: int, gid: int) -> str:
     """An interpreter the sandbox user can run: this one (its base install), else a system python3."""
     candidates = [
         getattr(sys, "_base_executable", None) or sys.executable,

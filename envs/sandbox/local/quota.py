@@ -34,7 +34,7 @@ class MountError(OSError):
     """The tmpfs could not be mounted (no privilege, no tmpfs): the watchdog takes over."""
 
 
-def _libc() -> ctypes.CDLL:
+def load_libc() -> ctypes.CDLL:
     global _LIBC
     with _LIBC_LOCK:
         if _LIBC is None:
@@ -45,7 +45,7 @@ def _libc() -> ctypes.CDLL:
 def mount_tmpfs(path: str, *, size_mb: int, inodes: int, uid: int, gid: int, mode: int = 0o700) -> None:
     """Mount a tmpfs of ``size_mb`` MB and ``inodes`` inodes on ``path`` (owned by ``uid``/``gid``)."""
     opts = f"size={int(size_mb)}m,nr_inodes={int(inodes)},mode={mode:o},uid={int(uid)},gid={int(gid)}"
-    libc = _libc()
+    libc = load_libc()
     rc = libc.mount(b"tokengym-sandbox", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode())
     if rc != 0:
         err = ctypes.get_errno()
@@ -62,7 +62,7 @@ def is_mount(path: str) -> bool:
 
 def unmount(path: str) -> None:
     """Detach the mount on ``path`` (lazily: nothing of the sandbox runs any more, nothing holds it)."""
-    libc = _libc()
+    libc = load_libc()
     if libc.umount2(os.fsencode(path), _MNT_DETACH) != 0:
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOENT):  # not a mount point (any more)

@@ -6,16 +6,16 @@ from __future__ import annotations
 import warnings
 
 from .cgroups import Cgroup
-from .execute import _Call, _killpg
+from .execute import Call, killpg
 from .leftovers import remove_tree, remove_uid_leftovers
 from .quota import unmount
-from .uids import _kill_uid, _release_uid
+from .uids import kill_uid, release_uid
 
 
-class _Resources:
+class Resources:
     """What a sandbox holds on the host; released by :meth:`LocalSandbox.close` or its finalizer."""
 
-    def __init__(self, root: str, own_uid: int | None, calls: set[_Call]) -> None:
+    def __init__(self, root: str, own_uid: int | None, calls: set[Call]) -> None:
         self.root = root
         self.own_uid = own_uid
         self.calls = calls
@@ -25,13 +25,13 @@ class _Resources:
         """The uid whose files in the host's /tmp, /var/tmp, /dev/shm and System V IPC are removed."""
 
 
-def _release(res: _Resources) -> list[str]:
+def _release(res: Resources) -> list[str]:
     """Kill and remove everything of a sandbox; what could not be removed (each step is tried)."""
     problems: list[str] = []
     for c in list(res.calls):
-        _killpg(c.proc)
+        killpg(c.proc)
     if res.own_uid is not None:
-        _kill_uid(res.own_uid)
+        kill_uid(res.own_uid)
     if res.cgroup is not None:
         problems += [f"cgroup {d} is still busy" for d in res.cgroup.remove()]
     if res.sweep_uid is not None:
@@ -47,11 +47,11 @@ def _release(res: _Resources) -> list[str]:
     except OSError as err:
         problems.append(f"{err.filename or res.root}: {err.strerror}")
     if res.own_uid is not None:
-        _release_uid(res.own_uid)
+        release_uid(res.own_uid)
     return problems
 
 
-def _cleanup(res: _Resources) -> None:
+def cleanup(res: Resources) -> None:
     """Finalizer (also at interpreter exit): never raises; what could not be removed is a warning."""
     try:
         problems = _release(res)

@@ -22,13 +22,13 @@ from typing import Any, Literal
 from ..base import ExecResult, Isolation, Limits, Sandbox, SandboxError, resolve_limits
 from .bwrap import BwrapStatus, bwrap_argv, bwrap_version, find_bwrap
 from .cgroups import Cgroup, cgroup_support
-from .execute import _Call, _Runner
-from .files import _WorkspaceFiles
+from .execute import Call, Runner
+from .files import WorkspaceFiles
 from .leftovers import empty_dir, remove_uid_leftovers
 from .quota import MountError, mount_tmpfs, unmount, usage
-from .paths import INSIDE_UID, RUNDIR_INSIDE, TMP_PREFIX, WORKDIR_INSIDE, _pick_python
-from .resources import _cleanup, _Resources
-from .uids import MARKER_VAR, _count_processes_of, _fresh_uid, _is_root, _kill_uid, _release_uid
+from .paths import INSIDE_UID, RUNDIR_INSIDE, TMP_PREFIX, WORKDIR_INSIDE, pick_python
+from .resources import cleanup, Resources
+from .uids import MARKER_VAR, count_processes_of, fresh_uid, is_root, kill_uid, release_uid
 
 IsolationMode = Literal["auto", "bwrap", "none"]
 
@@ -45,7 +45,7 @@ NO_ISOLATION_HELP = (
 )
 
 
-class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
+class LocalSandbox(Runner, WorkspaceFiles, Sandbox):
     """A sandbox of child processes on this machine, in a temporary workspace with resource limits.
 
     Args:
@@ -94,15 +94,15 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
         self.limits = resolve_limits(limits, limit_overrides, "LocalSandbox")
         self._closed = True  # until fully built
         self._lock = threading.Lock()
-        self._calls: set[_Call] = set()
+        self._calls: set[Call] = set()
         self._serial = itertools.count()
 
         # who runs the commands
-        self._root_host = _is_root()
+        self._root_host = is_root()
         self._own_uid: int | None = None  # a fresh uid this sandbox owns (released at close)
         if self._root_host:
             if user == "auto":
-                self._own_uid = _fresh_uid()
+                self._own_uid = fresh_uid()
                 self.uid = self.gid = self._own_uid
             elif isinstance(user, int) and user > 0:
                 self.uid = self.gid = int(user)
@@ -142,7 +142,7 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
             )
 
         try:
-            self.python = os.path.realpath(python) if python else _pick_python(self.uid, self.gid)
+            self.python = os.path.realpath(python) if python else pick_python(self.uid, self.gid)
         except SandboxError:
             self._release_own_uid()
             raise
@@ -167,11 +167,11 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
             raise SandboxError(
                 f"cannot create the sandbox's directory in {where}: {err.strerror}; free space there or pass tmp_root=..."
             ) from None
-        self._res = _Resources(self.root, self._own_uid, self._calls)
+        self._res = Resources(self.root, self._own_uid, self._calls)
         probe = probe or _per_process_only  # (benchmarks/sandbox.py measures the cost of what follows)
         if self._own_uid is not None and not self._use_bwrap and not probe:
             self._res.sweep_uid = self._own_uid
-        self._finalizer = weakref.finalize(self, _cleanup, self._res)
+        self._finalizer = weakref.finalize(self, cleanup, self._res)
         try:
             self._layout(probe)
             if not probe:
@@ -262,7 +262,7 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
 
     def _release_own_uid(self) -> None:
         if self._own_uid is not None:
-            _release_uid(self._own_uid)
+            release_uid(self._own_uid)
 
     def _describe(self) -> Isolation:
         L = self.limits
@@ -337,7 +337,7 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
         L = self.limits
         nproc = L.max_processes
         if not self._use_bwrap and not self._own_uid and not self._root_host:
-            nproc += _count_processes_of(self.uid)  # RLIMIT_NPROC counts all of the user's processes
+            nproc += count_processes_of(self.uid)  # RLIMIT_NPROC counts all of the user's processes
         mem = L.memory_mb * 1024 * 1024
         fsize = L.max_file_mb * 1024 * 1024
         return [
@@ -501,7 +501,7 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
             return ExecResult(
                 "crashed", None, "", "", time.monotonic() - start, message=f"the sandbox could not start the command: {err}"
             )
-        call = _Call(proc, marker)
+        call = Call(proc, marker)
         call.baseline = baseline
         with self._lock:
             self._calls.add(call)
@@ -526,7 +526,7 @@ class LocalSandbox(_Runner, _WorkspaceFiles, Sandbox):
             c.killed = True
             self._kill_call(c)
         if self._own_uid is not None:
-            _kill_uid(self._own_uid)
+            kill_uid(self._own_uid)
         if self._cgroup is not None:
             self._cgroup.kill_all()
 
@@ -583,7 +583,7 @@ def bwrap_status(bwrap: str | None = None) -> BwrapStatus:
         return BwrapStatus(False, "bubblewrap (bwrap) is not installed")
     if not os.path.isfile(path):
         return BwrapStatus(False, f"no bubblewrap at {path}")
-    key = (path, _is_root())
+    key = (path, is_root())
     with _PROBE_LOCK:
         if key not in _PROBES:
             _PROBES[key] = _probe(path)

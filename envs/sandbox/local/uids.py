@@ -20,7 +20,7 @@ MARKER_VAR = "TOKENGYM_SANDBOX"
 _UID_RANGE = (1_500_000_000, 2_000_000_000)  # fresh uids for sandboxes of a root host: no passwd entry, no files
 
 
-def _is_root() -> bool:
+def is_root() -> bool:
     return os.geteuid() == 0
 
 
@@ -39,7 +39,7 @@ _UID_LOCK = threading.Lock()
 _TAKEN_UIDS: set[int] = set()
 
 
-def _fresh_uid() -> int:
+def fresh_uid() -> int:
     """A uid that no process uses and no other sandbox of this process holds."""
     with _UID_LOCK:
         busy = _uids_in_use() | _TAKEN_UIDS
@@ -51,7 +51,7 @@ def _fresh_uid() -> int:
     raise SandboxError("no free uid for the sandbox")
 
 
-def _release_uid(uid: int) -> None:
+def release_uid(uid: int) -> None:
     with _UID_LOCK:
         _TAKEN_UIDS.discard(uid)
 
@@ -75,11 +75,11 @@ def _processes_of(uid: int) -> tuple[int, int]:
     return alive, zombies
 
 
-def _count_processes_of(uid: int) -> int:
+def count_processes_of(uid: int) -> int:
     return sum(_processes_of(uid))
 
 
-def _kill_by_marker(marker: str) -> int:
+def kill_by_marker(marker: str) -> int:
     """SIGKILL every process whose environment holds ``MARKER_VAR=marker`` (best effort)."""
     needle = f"{MARKER_VAR}={marker}".encode()
     killed = 0
@@ -101,7 +101,7 @@ def _kill_by_marker(marker: str) -> int:
     return killed
 
 
-def _kill_uid(uid: int, *, zombies_at_most: int | None = None, within_s: float = 2.0) -> None:
+def kill_uid(uid: int, *, zombies_at_most: int | None = None, within_s: float = 2.0) -> None:
     """SIGKILL every process of ``uid``: ``kill(-1)`` run *as* that uid (atomic against forks).
 
     Killed orphans stay zombies until the host's init reaps them, and zombies still count

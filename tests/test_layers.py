@@ -85,6 +85,15 @@ def _imports(tree: ast.AST, type_checking: bool = False):
             yield from _imports(node, type_checking)
 
 
+def _from_module(name: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    """The module a ``from ... import`` in module ``name`` reads from, relative levels resolved."""
+    if not node.level:
+        return node.module or ""
+    base = name.split(".")
+    base = base[: len(base) - node.level + (1 if is_pkg else 0)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
 def import_edges(mods: dict[str, Path]) -> list[Edge]:
     """The imports between the given modules, each resolved to the most specific module it names."""
     edges = []
@@ -95,12 +104,7 @@ def import_edges(mods: dict[str, Path]) -> list[Edge]:
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
-                if node.level:
-                    base = name.split(".")
-                    base = base[: len(base) - node.level + (1 if is_pkg else 0)]
-                    module = ".".join([*base, *([node.module] if node.module else [])])
-                else:
-                    module = node.module or ""
+                module = _from_module(name, is_pkg, node)
                 # ``from pkg import sub`` imports the module pkg.sub when there is one.
                 subs = [f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in mods]
                 targets = subs if subs and len(subs) == len(node.names) else [module, *subs]
@@ -243,12 +247,7 @@ def private_imports(mods: dict[str, Path]) -> list[str]:
         for node, _ in _imports(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.ImportFrom):
                 continue
-            if node.level:
-                base = name.split(".")
-                base = base[: len(base) - node.level + (1 if is_pkg else 0)]
-                module = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                module = node.module or ""
+            module = _from_module(name, is_pkg, node)
             if module == name or not module.startswith("tokengym"):
                 continue
             for alias in node.names:

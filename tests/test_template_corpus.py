@@ -175,6 +175,16 @@ def test_the_readmes_family_table_is_the_pages():
         tm.with_family_table("# no markers here\n", rows)
 
 
+def test_the_readme_option_names_missing_markers(tmp_path, capsys):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "templates.md").write_text(PAGE.read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "README.md").write_text("# no table here\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_:
+        tm.main(["--readme", str(tmp_path / "README.md")])
+    assert exit_.value.code == 2 and "must hold the markers" in capsys.readouterr().err
+    assert (tmp_path / "README.md").read_text() == "# no table here\n"  # left as it was
+
+
 def test_unknown_names_are_clear_errors(templates, capsys):
     with pytest.raises(KeyError, match="no pairing for corpus template 'GLM-9'"):
         tc.corpus_tokenizer("GLM-9")

@@ -107,6 +107,10 @@ def _load_smollm2_model(**from_pretrained: Any) -> Any:
         model = AutoModelForCausalLM.from_pretrained(str(smollm2_dir()), gguf_file=SMOLLM2_GGUF, **kwargs)
         if kwargs == {"dtype": "float32"}:
             _write_converted(model, converted)
+            if (converted / "config.json").is_file():
+                # The first load returns what every later load returns: the model read from the
+                # copy (no GGUF quantizer left on it), not the one it was converted from.
+                model = AutoModelForCausalLM.from_pretrained(str(converted), **kwargs)
     # Named by the model, not by the folder it was read from (a path of this machine), in every record.
     model.config._name_or_path = SMOLLM2
     model.name_or_path = SMOLLM2

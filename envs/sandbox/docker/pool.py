@@ -134,7 +134,7 @@ class DockerPool:
         if not keep:
             self._remove(container.id)
 
-    def remove_container(self, cid: str) -> None:
+    def _remove(self, cid: str) -> None:
         try:
             remove_container(self._spec.client, cid)
             with self._cond:

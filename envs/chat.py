@@ -33,11 +33,11 @@ from .conformance import (
 )
 from .plain_copy import plain_copy
 from .render import ChatRenderer, Message, TemplateError
+from .step_record import EPISODE_FACTS, RECORD, ClosedBy, ResetRecord, StepRecord, ToolReward
 from .stop_strings import check_stop_strings, ends_with_stop_string
 
 __all__ = ["COMPLETION_BUDGET", "AssistantTurn", "ChatEnv", "EnvResponse", "Prompt", "token_space"]
 
-ClosedBy = Literal["end_of_turn", "eos", "stop_string", "none"]
 History = Literal["keep", "deploy"]
 
 
@@ -267,12 +267,14 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         # assistant message index -> the turn as a server renders it (its parsed calls, or the
         # parser's split of the turn), for templates that refuse the turn as plain text
         self._structured_at: dict[int, Message] = {}
+        record = ResetRecord(copy.deepcopy(prompt.task), len(rendered.ids), self._limit - len(rendered.ids))
         info = {
             "messages": copy.deepcopy(prompt.messages),
             "tools": copy.deepcopy(prompt.tools),
             "task": copy.deepcopy(prompt.task),
-            "num_tokens": len(rendered.ids),
-            "remaining_context": self._limit - len(rendered.ids),
+            "num_tokens": record.num_tokens,
+            "remaining_context": record.remaining_context,
+            RECORD: record,
         }
         return np.array(rendered.ids, dtype=np.int64), info
 
@@ -340,23 +342,20 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self._turn += 1
         self._done = done
         terminated = stop_reason == "done"
-        info: dict[str, Any] = {
-            "turn": turn,
-            "assistant": dict(assistant),
-            "closed_by": closed_by,
-            "messages": plain_copy(response.messages),
-            "tool_calls": plain_copy(response.tool_calls),
-            "conformance": conformance,
-            "num_tokens": self.num_tokens,
-            "num_action_tokens": len(ids),
-            "remaining_context": self._limit - self.num_tokens,
-            **plain_copy(response.info),
-        }
-        if done:
-            info["stop_reason"] = stop_reason
-        if context_reset:
-            info["context_reset"] = True
-        return np.array(obs_ids, dtype=np.int64), float(response.reward), terminated, done and not terminated, info
+        extra = plain_copy(response.info)
+        record = StepRecord(
+            turn=turn,
+            closed_by=closed_by,
+            num_tokens=self.num_tokens,
+            num_action_tokens=len(ids),
+            remaining_context=self._limit - self.num_tokens,
+            conformance=conformance,
+            stop_reason=stop_reason,
+            context_reset=context_reset,
+            tool_rewards=_tool_rewards(turn, extra.get("tool_results")),
+            episode_facts={k: copy.deepcopy(extra[k]) for k in EPISODE_FACTS if k in extra},
+        )
+        return np.array(obs_ids, dtype=np.int64), float(response.reward), terminated, done and not terminated, _step_info(record, assistant, response, extra)
 
     def render(self) -> str | None:
         """``"ansi"``: the stream's text with segment markers.
@@ -472,3 +471,34 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 raise ConformanceError(result)
         self._conformance.append(result)
         return result
+
+
+def _step_info(record: StepRecord, assistant: Message, response: EnvResponse, extra: dict[str, Any]) -> dict[str, Any]:
+    """The user's ``info`` of a step, filled from its record (and the response's own keys)."""
+    info: dict[str, Any] = {
+        "turn": record.turn,
+        "assistant": dict(assistant),
+        "closed_by": record.closed_by,
+        "messages": plain_copy(response.messages),
+        "tool_calls": plain_copy(response.tool_calls),
+        "conformance": record.conformance,
+        "num_tokens": record.num_tokens,
+        "num_action_tokens": record.num_action_tokens,
+        "remaining_context": record.remaining_context,
+        **extra,
+    }
+    if record.stop_reason is not None:
+        info["stop_reason"] = record.stop_reason
+    if record.context_reset:
+        info["context_reset"] = True
+    info[RECORD] = record
+    return info
+
+
+def _tool_rewards(turn: int, results: Any) -> tuple[ToolReward, ...]:
+    """The rewards the turn's tools gave (``info["tool_results"]`` entries with a nonzero ``reward``)."""
+    return tuple(
+        ToolReward(turn, r.get("name"), float(r["reward"]))
+        for r in results or ()
+        if isinstance(r, dict) and r.get("reward")
+    )

@@ -15,6 +15,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.error import ResetNeeded
 
+from tokengym.envs.step_record import StepRecord, ToolReward, reset_record, step_record
+
 from .segments import Segment, SegmentKind
 from .trajectory import Trajectory
 
@@ -63,8 +65,8 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         self._seed = seed
         self._turn = 0
         self._conformance: list[dict[str, Any]] = []
-        self._task = info.get("task")
-        self._tool_rewards: list[dict[str, Any]] = []
+        self._task = reset_record(info).task
+        self._tool_rewards: list[ToolReward] = []
         return obs, info
 
     def step(
@@ -82,32 +84,29 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
             )
         obs, reward, terminated, truncated, info = self.env.step(action)
         assert ids is not None  # the env accepted the action, so it was integer ids
-        turn = int(info.get("turn", self._turn))
+        record = step_record(info)
+        turn = record.turn
         self._segments.append(Segment(SegmentKind.ACTION, ids, turn, logprobs=logprobs, reward=float(reward), finish_reason=finish_reason))
-        reset = bool(info.get("context_reset")) and not (terminated or truncated)
+        reset = record.context_reset and not (terminated or truncated)
         if reset:  # history="deploy": the next context is not an extension of this one; a new row
-            self._sequences.append(self._trajectory(info, False, False, "context_reset"))
+            self._sequences.append(self._trajectory(record, False, False, "context_reset"))
             self._segments = [Segment(SegmentKind.PROMPT, np.array(obs, dtype=np.int64), turn + 1)]
             self._conformance = []
         elif len(obs):
             self._segments.append(Segment(SegmentKind.OBSERVATION, np.array(obs, dtype=np.int64), turn))
-        for record in info.get("tool_results") or ():
-            if isinstance(record, dict) and record.get("reward"):
-                self._tool_rewards.append({"turn": turn, "name": record.get("name"), "reward": float(record["reward"])})
-        conf = info.get("conformance")
-        if conf is not None:
-            target = self._sequences[-1].conformance if reset else self._conformance
-            target.append(conf.as_dict() if hasattr(conf, "as_dict") else dict(conf))
+        self._tool_rewards.extend(record.tool_rewards)
+        target = self._sequences[-1].conformance if reset else self._conformance
+        target.append(record.conformance.as_dict())
         self._turn = turn + 1
         if terminated or truncated:
-            info["trajectory"] = self._finish(info, terminated, truncated)
+            info["trajectory"] = self._finish(record, terminated, truncated)
             if len(self._finished) > 1:
                 info["sequences"] = self._finished
         return obs, reward, terminated, truncated, info
 
-    def _finish(self, info: dict[str, Any], terminated: bool, truncated: bool) -> Trajectory:
+    def _finish(self, record: StepRecord, terminated: bool, truncated: bool) -> Trajectory:
         """The episode's last row; every row of it (one per sequence) is in ``self._finished``."""
-        last = self._trajectory(info, terminated, truncated, None)
+        last = self._trajectory(record, terminated, truncated, None)
         rows = [*self._sequences, last]
         if len(rows) > 1:
             for k, row in enumerate(rows):
@@ -121,7 +120,7 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
                 self.on_episode(row)
         return last
 
-    def _trajectory(self, info: dict[str, Any], terminated: bool, truncated: bool, stop_reason: str | None) -> Trajectory:
+    def _trajectory(self, record: StepRecord, terminated: bool, truncated: bool, stop_reason: str | None) -> Trajectory:
         assert self._segments is not None
         # The unwrapped env's own spec: a wrapper's `spec` property deep-copies it, tokenizer included (~1 s).
         spec = getattr(self.env.unwrapped, "spec", None)
@@ -130,17 +129,14 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
             metadata["task"] = self._task
             if "id" in self._task:
                 metadata["task_id"] = self._task["id"]  # the GRPO group key (batches.group_by_task)
-        # Episode-level facts the env reports on its last step.
-        for key in ("tool_stats", "final_reward", "stop_detail", "grade"):
-            if key in info:
-                metadata[key] = info[key]
+        metadata.update(record.episode_facts)  # what the env says of the episode so far, on its step
         if self._tool_rewards and stop_reason != "context_reset":  # episode-level: on the last row
-            metadata["tool_rewards"] = self._tool_rewards
+            metadata["tool_rewards"] = [r.as_dict() for r in self._tool_rewards]
         traj = Trajectory(
             segments=self._segments,
             env_id=spec.id if spec is not None else type(self.env.unwrapped).__name__,
             seed=self._seed,
-            stop_reason=stop_reason or info.get("stop_reason", "terminated" if terminated else "truncated"),
+            stop_reason=stop_reason or record.stop_reason or ("terminated" if terminated else "truncated"),
             terminated=bool(terminated),
             truncated=bool(truncated),
             conformance=self._conformance,

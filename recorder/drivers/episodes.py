@@ -19,6 +19,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from tokengym.envs.step_record import reset_record, step_record
 from tokengym.policies import Generation, Policy, SamplingParams
 
 from ..advantages import GroupSignal
@@ -292,7 +293,7 @@ class EpisodeSlot:
             options = {**(options or {}), COMPLETION_BUDGET: task.completion_budget}
         obs, info = self.env.reset(seed=task.reset_seed, options=options)
         self.stream, self.turn = [int(i) for i in obs], 0
-        self.remaining = int(info.get("remaining_context", 1 << 30))
+        self.remaining = reset_record(info).remaining_context
 
     def params(self, base: SamplingParams) -> SamplingParams:
         """The sampling settings of this slot's next turn."""
@@ -311,12 +312,13 @@ class EpisodeSlot:
         """Take a step's result into the stream; the episode's rows when it ended (one, or one per
         context with ``history="deploy"``)."""
         obs, _, terminated, truncated, info = result
-        if info.get("context_reset"):
+        record = step_record(info)
+        if record.context_reset:
             self.stream = obs.tolist()  # the next context is the whole observation
         else:
             self.stream += gen.token_ids.tolist() + obs.tolist()
         self.turn += 1
-        self.remaining = int(info.get("remaining_context", self.remaining))
+        self.remaining = record.remaining_context
         if not (terminated or truncated):
             return None
         rows = list(info.get("sequences") or [info["trajectory"]])

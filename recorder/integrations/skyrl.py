@@ -174,7 +174,10 @@ def _build_class() -> type:
             obs, reward, terminated, truncated, info = self.env.step(ids)
             self.turns += 1
             done = bool(terminated or truncated)
-            if info.get("context_reset"):
+            from tokengym.envs.step_record import step_record
+
+            record = step_record(info)
+            if record.context_reset:
                 raise ValueError(
                     "the env started a new context mid-episode (history='deploy'); SkyRL's text env keeps one "
                     "conversation per episode: use history='keep' with SkyRL"
@@ -182,14 +185,14 @@ def _build_class() -> type:
             metadata: dict[str, Any] = {
                 "action_ids": ids.tolist(),
                 "observation_ids": obs.tolist(),
-                "turn": info.get("turn"),
-                "closed_by": info.get("closed_by"),
+                "turn": record.turn,
+                "closed_by": record.closed_by,
                 "tool_results": info.get("tool_results"),
             }
             if done:
                 self.trajectory = info["trajectory"]
                 self._started = False
-                metadata["stop_reason"] = info.get("stop_reason")
+                metadata["stop_reason"] = record.stop_reason
                 metadata["trajectory"] = self.trajectory
             observations = [] if done or not len(obs) else [dict(m) for m in info.get("messages") or []]
             return {

@@ -263,7 +263,7 @@ def test_a_killed_worker_loses_only_its_in_flight_episodes(backend, env, local_r
 
     def kill_once(traj):
         if not killed:  # the first episode is in: the other workers have slow ones in flight
-            victim = next(w for w in backend._alive if w not in killed)
+            victim = next(w for w in backend.fleet.alive if w not in killed)
             killed.append(victim)
             ray.kill(backend.workers[victim])
 
@@ -282,7 +282,7 @@ def test_a_killed_worker_loses_only_its_in_flight_episodes(backend, env, local_r
     kept = stored(tmp_path / "store")
     assert sorted(t.metadata["episode"] for t in kept) == sorted(set(range(N)) - set(s.lost))
     same(kept, [t for t in local_run.trajectories if t.metadata["episode"] not in s.lost])
-    assert len(backend._alive) == 3  # a new worker took the dead one's place
+    assert len(backend.fleet.alive) == 3  # a new worker took the dead one's place
 
 
 @ray_test
@@ -291,7 +291,7 @@ def test_lost_episodes_are_started_again_and_recorded_once(backend, env, local_r
 
     def kill_once(traj):
         if not killed:
-            killed.append(backend._alive[0])
+            killed.append(backend.fleet.alive[0])
             ray.kill(backend.workers[killed[0]])
 
     with TrajectoryWriter(tmp_path / "store", tokenizer=qwen25) as writer:

@@ -125,7 +125,8 @@ class RayBackend:
             for step in range(steps):
                 result = rollout("tokengym/Calculator-v0", make_policy, episodes=256, backend=ray_backend, ...)
 
-    ``workers`` and ``engines`` hold the actor handles while they live.
+    ``workers`` and ``engines`` hold the actor handles while they live; ``fleet`` is the
+    workers' state (which are alive, where each runs).
     """
 
     address: str | None = None
@@ -141,8 +142,8 @@ class RayBackend:
     batch_wait_s: float = 0.0
     start_timeout_s: float = 600.0
     init_kwargs: dict[str, Any] = field(default_factory=dict)
-    workers: list[Any] = field(default_factory=list, init=False, repr=False)
     engines: list[Any] = field(default_factory=list, init=False, repr=False)
+    fleet: WorkerFleet = field(default_factory=lambda: WorkerFleet(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.num_engines < 1:
@@ -159,8 +160,11 @@ class RayBackend:
         self._policy_key: Any = None
         self._engine_info: dict[str, Any] = {}
         self._worker_key: Any = None
-        self._alive: list[int] = []  # indices into workers of the live ones
-        self._nodes: list[Any] = []  # node id per worker (an ObjectRef until it answers)
+
+    @property
+    def workers(self) -> list[Any]:
+        """The env worker actors' handles (a dead one's stays, at its index)."""
+        return self.fleet.workers
 
     # ------------------------------------------------------------ session
     def __enter__(self) -> RayBackend:
@@ -234,9 +238,10 @@ class RayBackend:
             t0 = time.perf_counter()
             self._ensure_engines(policy)
             config = (base, seed, sampling_record(base, self._engine_info["name"], self._engine_info["logprob_kind"], seed))
-            self._ensure_workers(make_env, env_kwargs, min(concurrency, len(ids)))
+            capacity, per_engine = self._ensure_workers(make_env, env_kwargs, min(concurrency, len(ids)))
             startup = time.perf_counter() - t0
-            result = _Run(self, config, planned, on_episode, progress).drive()
+            run = _Run(self, self._ray, capacity, per_engine, config, planned, on_episode, progress)
+            result = run.drive()
             result.stats.startup_s = startup
             clean = not result.interrupted
             return result
@@ -279,7 +284,7 @@ class RayBackend:
         self._engine_info = described[0]
         self._engine_pids = [d["pid"] for d in described]
 
-    def _engine_stats(self) -> tuple[int, float]:
+    def engine_stats(self) -> tuple[int, float]:
         """(engines restarted since the last call, mean busy seconds of the engines)."""
         try:
             stats = self._ray.get([e.stats.remote() for e in self.engines], timeout=30)
@@ -298,62 +303,86 @@ class RayBackend:
         self.engines, self._policy_key = [], None
 
     # ------------------------------------------------------------- workers
-    def _ensure_workers(self, make_env: Any, env_kwargs: Any, concurrency: int) -> None:
-        """Workers for this env and layout: the live ones when they fit, else new ones."""
+    def _ensure_workers(self, make_env: Any, env_kwargs: Any, concurrency: int) -> tuple[int, int]:
+        """Workers for this env and layout: the live ones when they fit, else new ones; returns
+        (episodes in flight at most, per engine at most)."""
         ray = self._ray
         cpus = float(self.worker_options.get("num_cpus", 1))
         if self.num_workers is not None:
             n = self.num_workers
         else:
             # one per CPU free for this backend (its own live workers' CPUs count as free)
-            free = float(ray.available_resources().get("CPU", 0.0)) + cpus * len(self._alive)
+            free = float(ray.available_resources().get("CPU", 0.0)) + cpus * len(self.fleet.alive)
             n = max(1, int(free // cpus)) if cpus > 0 else concurrency
         n = max(1, min(n, concurrency))
         slots = self.slots_per_worker or math.ceil(concurrency / n)
         key = (make_env, env_kwargs, n, slots)
-        if not (self._alive and _same(key, self._worker_key) and len(self._alive) == n):
+        fleet = self.fleet
+        if not (fleet.alive and _same(key, self._worker_key) and len(fleet.alive) == n):
             self._stop_workers()
-            self._slots, self._env = slots, (make_env, env_kwargs)
+            options = {
+                "num_cpus": 1,
+                "scheduling_strategy": "SPREAD",
+                "max_restarts": 0,  # the driver replaces a dead worker itself, knowing what it lost
+                **self.worker_options,
+                "max_concurrency": slots + 1,  # a thread per slot, and one for control calls
+            }
+            self.fleet = fleet = WorkerFleet(ray, (make_env, env_kwargs), slots, options)
             free = _free_resources(ray)
             for _ in range(n):
-                self._spawn_worker()
-            self._nodes = self._await_start(
-                ray, self._nodes, f"{n} env worker actors", self._stop_workers,
-                _needs(self._worker_options()), lambda: free,
+                fleet.spawn()
+            fleet.nodes = self._await_start(
+                ray, fleet.nodes, f"{n} env worker actors", self._stop_workers, _needs(options), lambda: free,
             )
             self._worker_key = key
-        self._capacity = min(concurrency, n * slots)
-        self._per_engine = self.max_inflight_per_engine or math.ceil(self._capacity / self.num_engines)
-
-    def _worker_options(self) -> dict[str, Any]:
-        return {
-            "num_cpus": 1,
-            "scheduling_strategy": "SPREAD",
-            "max_restarts": 0,  # the driver replaces a dead worker itself, knowing what it lost
-            **self.worker_options,
-            "max_concurrency": self._slots + 1,  # a thread per slot, and one for control calls
-        }
-
-    def _spawn_worker(self) -> int:
-        """Start a worker; its entry in ``_nodes`` is a reference that answers once it has started."""
-        worker = self._ray.remote(EnvWorker).options(**self._worker_options()).remote(*self._env, self._slots)
-        self.workers.append(worker)
-        self._nodes.append(worker.node_id.remote())
-        self._alive.append(len(self.workers) - 1)
-        return len(self.workers) - 1
+        capacity = min(concurrency, n * slots)
+        return capacity, self.max_inflight_per_engine or math.ceil(capacity / self.num_engines)
 
     def _stop_workers(self) -> None:
         """Close every env (tools, sandboxes), then end the workers."""
-        ray = self._ray
+        self.fleet.stop()
+        self.fleet, self._worker_key = WorkerFleet(), None
+
+
+class WorkerFleet:
+    """The env worker actors of one backend's layout: their handles, which are alive, and the
+    node each runs on. What the driver loop reads and changes of them, in one place."""
+
+    def __init__(self, ray: Any = None, env: tuple[Any, Any] = (None, None), slots: int = 0,
+                 options: dict[str, Any] | None = None) -> None:
+        self.ray, self.env, self.slots, self.options = ray, env, slots, dict(options or {})
+        self.workers: list[Any] = []
+        self.alive: list[int] = []
+        """Indices into ``workers`` of the live ones."""
+        self.nodes: list[Any] = []
+        """The node id of each worker (an ObjectRef until it has started and answered)."""
+
+    def spawn(self) -> int:
+        """Start a worker; its entry in ``nodes`` is a reference that answers once it has started."""
+        worker = self.ray.remote(EnvWorker).options(**self.options).remote(*self.env, self.slots)
+        self.workers.append(worker)
+        self.nodes.append(worker.node_id.remote())
+        self.alive.append(len(self.workers) - 1)
+        return len(self.workers) - 1
+
+    def started(self, worker: int, node: str) -> None:
+        self.nodes[worker] = node
+
+    def lost(self, worker: int) -> None:
+        """``worker`` died (or never started): no longer alive."""
+        self.alive.remove(worker)
+
+    def stop(self) -> None:
+        """Close every live worker's envs (tools, sandboxes), then end all the workers."""
+        ray = self.ray
         if ray is None:
             return
-        alive = [self.workers[w] for w in self._alive]
-        closing = [w.close.remote() for w in alive]
+        closing = [self.workers[w].close.remote() for w in self.alive]
         if closing:
             ray.wait(closing, num_returns=len(closing), timeout=30)
         for worker in self.workers:
             _kill(ray, worker)
-        self.workers, self._alive, self._nodes, self._worker_key = [], [], [], None
+        self.workers, self.alive, self.nodes = [], [], []
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -393,25 +422,30 @@ class _Run:
     def __init__(
         self,
         backend: RayBackend,
+        ray: Any,
+        capacity: int,
+        per_engine: int,
         config: tuple[SamplingParams, int, dict[str, Any]],
         planned: dict[int, EpisodeTask],
         on_episode: Callable[[Trajectory], None] | None,
         progress: bool,
     ) -> None:
-        self.b, self.ray = backend, backend._ray
+        self.b, self.ray, self.fleet = backend, ray, backend.fleet
+        self.capacity, self.per_engine = capacity, per_engine
         self.config = self.ray.put(config)
         self.on_episode = on_episode
         self.planned = planned
         self.queue: deque[int] = deque(planned)
         # live workers' free slots; workers still starting wait in `starting` (their node-id reference)
-        self.free = {w: backend._slots for w in backend._alive if isinstance(backend._nodes[w], str)}
-        self.starting = {backend._nodes[w]: w for w in backend._alive if w not in self.free}
+        fleet = self.fleet
+        self.free = {w: fleet.slots for w in fleet.alive if isinstance(fleet.nodes[w], str)}
+        self.starting = {fleet.nodes[w]: w for w in fleet.alive if w not in self.free}
         self.load = [0] * backend.num_engines
         self.inflight: dict[Any, tuple[int, int, int]] = {}  # ref -> (episode, worker, engine)
         self.attempts: Counter[int] = Counter()
         self.replacements = backend.max_worker_replacements
         if self.replacements is None:
-            self.replacements = len(backend._alive)
+            self.replacements = len(fleet.alive)
         self.stats = RolloutStats(requested=len(planned))
         self.done: list[Trajectory] = []
         self.bar = progress_bar(len(planned), progress)
@@ -429,7 +463,7 @@ class _Run:
         finally:
             self.bar.close()
             self.stats.wall_s = time.perf_counter() - self.start
-            self.stats.engine_restarts, self.stats.engine_s = self.b._engine_stats()
+            self.stats.engine_restarts, self.stats.engine_s = self.b.engine_stats()
         return self._result(interrupted)
 
     def _loop(self) -> None:
@@ -459,14 +493,14 @@ class _Run:
         return RolloutResult(self.done, self.stats, interrupted)
 
     def _launch(self) -> None:
-        b = self.b
-        while self.queue and len(self.inflight) < b._capacity and self.free:
+        engines = self.b.engines
+        while self.queue and len(self.inflight) < self.capacity and self.free:
             worker = max(self.free, key=self.free.__getitem__)
-            engine = min(range(b.num_engines), key=self.load.__getitem__)
-            if self.free[worker] == 0 or self.load[engine] >= b._per_engine:
+            engine = min(range(len(engines)), key=self.load.__getitem__)
+            if self.free[worker] == 0 or self.load[engine] >= self.per_engine:
                 return
             episode = self.queue.popleft()
-            ref = b.workers[worker].run_episode.remote(self.planned[episode], b.engines[engine], self.config)
+            ref = self.fleet.workers[worker].run_episode.remote(self.planned[episode], engines[engine], self.config)
             self.inflight[ref] = (episode, worker, engine)
             self.free[worker] -= 1
             self.load[engine] += 1
@@ -486,7 +520,7 @@ class _Run:
             self._lost(episode, worker, err)
             return
         if "trajectories" in out:
-            stats.per_node[self.b._nodes[worker]] += 1
+            stats.per_node[self.fleet.nodes[worker]] += 1
             record_finished(stats, out["trajectories"], self.done, self.on_episode, self.bar)
         elif "engine_died" in out:
             raise _Abort(
@@ -500,21 +534,21 @@ class _Run:
         """Start a worker in a dead one's place (it takes episodes once it has started)."""
         if self.replacements:
             self.replacements -= 1
-            new = self.b._spawn_worker()
-            self.starting[self.b._nodes[new]] = new
+            new = self.fleet.spawn()
+            self.starting[self.fleet.nodes[new]] = new
 
     def _started(self, ref: Any) -> None:
-        b, worker = self.b, self.starting.pop(ref)
+        fleet, worker = self.fleet, self.starting.pop(ref)
         try:
-            b._nodes[worker] = self.ray.get(ref)
+            fleet.started(worker, self.ray.get(ref))
         except self.ray.exceptions.RayError as err:
-            b._alive.remove(worker)
+            fleet.lost(worker)
             self.stats.errors.append(
                 EpisodeError(None, None, "WorkerStartFailed", f"a new env worker failed to start: {short_error(root_cause(err))}", failed=False)
             )
             self._replace()
             return
-        self.free[worker] = b._slots
+        self.free[worker] = fleet.slots
 
     def _failed(self, error: EpisodeError) -> None:
         self.stats.failed += 1
@@ -523,17 +557,17 @@ class _Run:
 
     def _lost(self, episode: int, worker: int, err: BaseException) -> None:
         """``episode`` was in flight on a worker that died: start it again, or count it as failed."""
-        b, stats = self.b, self.stats
+        stats = self.stats
         if worker in self.free:  # first news of this death
             del self.free[worker]
-            b._alive.remove(worker)
-            node = b._nodes[worker]
+            self.fleet.lost(worker)
+            node = self.fleet.nodes[worker]
             where = f" on node {node[:8]}" if isinstance(node, str) else ""
             stats.errors.append(EpisodeError(None, None, "WorkerDied", f"env worker {worker}{where} died: {short_error(err)}", failed=False))
             self._replace()
         stats.lost.append(episode)
         self.attempts[episode] += 1
-        if self.attempts[episode] <= b.max_reruns:
+        if self.attempts[episode] <= self.b.max_reruns:
             stats.rerun += 1
             stats.errors.append(
                 EpisodeError(episode, None, "WorkerLost", f"episode {episode} was lost with env worker {worker}: started again", failed=False)

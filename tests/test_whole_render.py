@@ -167,6 +167,48 @@ def test_a_probe_that_renders_differently_turns_the_fast_path_off_with_a_warning
     assert r.render_text(messages, None, add_generation_prompt=True).endswith("drift")
 
 
+def test_a_transformers_without_an_input_step_skips_it_and_still_renders_the_templates_text(qwen25, monkeypatch):
+    """The fast path borrows transformers' private template compiler and input steps, so that its
+    sandbox, filters and input conversion are transformers' own; a version without an input step
+    skips it, as that version does, and the probe holds the text to apply_chat_template's."""
+    from transformers.utils import chat_template_utils as ctu
+
+    monkeypatch.delattr(ctu, "_normalize_chat_messages")
+    r = ChatRenderer(qwen25)
+    whole = WholeRenderer(r)
+    assert whole.unavailable is None and not whole._plain_steps
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]
+    assert whole.render(messages, TOOLS, add_generation_prompt=True) == r.render_text(
+        messages, TOOLS, add_generation_prompt=True, reference=True
+    )
+
+
+def test_a_transformers_whose_compiler_uses_another_sandbox_renders_through_apply_chat_template(qwen25, monkeypatch):
+    """The remembered safety decisions are sound for the immutable sandbox transformers uses
+    today; a version that compiles in another environment gets no memoized sandbox, said once."""
+    from jinja2.sandbox import SandboxedEnvironment
+    from transformers.utils import chat_template_utils as ctu
+
+    real = ctu._compile_jinja_template
+
+    def other_sandbox(source):
+        template = real(source)
+        env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[type(e) for e in template.environment.extensions.values()])
+        env.filters.update(template.environment.filters)
+        env.globals.update(template.environment.globals)
+        return env.from_string(source)
+
+    monkeypatch.setattr(ctu, "_compile_jinja_template", other_sandbox)
+    r = ChatRenderer(qwen25)
+    with pytest.warns(UserWarning, match="renders templates in a SandboxedEnvironment"):
+        whole = WholeRenderer(r)
+    assert "SandboxedEnvironment" in whole.unavailable
+    messages = [{"role": "user", "content": "hi"}]
+    assert whole.render(messages, TOOLS, add_generation_prompt=True) == r.render_text(
+        messages, TOOLS, add_generation_prompt=True, reference=True
+    )
+
+
 # --- The check decides exactly as with apply_chat_template --------------------------------------
 
 def tool_call(n: int, city: str) -> dict:

@@ -9,6 +9,12 @@ shard every ``shard_size`` (a kill lost the buffer). Both write the same real tr
 file system, interleaved, and the script reports trajectories/s, MB/s of token data and the
 ratio durable / buffered (the goal is >= 0.5 for the default group commit).
 
+The buffered writer is that code itself, not a model of it: ``recorder/store.py`` as it was at
+commit ``cbd3552`` (the last one before the episode log), read from this repository's git
+history with its two modules (segments, trajectories) into a temporary package, fed the same
+trajectories converted to its own records (the conversion is not timed). Run from a git
+checkout with its history.
+
     python benchmarks/store_durability.py
     python benchmarks/store_durability.py --writes 4000 --repeats 5 --dir /data/scratch --json out.json
 
@@ -18,9 +24,12 @@ ratio durable / buffered (the goal is >= 0.5 for the default group commit).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,14 +42,37 @@ from tokengym.recorder import RecordEpisodes, Trajectory
 from tokengym.recorder.store import TrajectoryWriter
 
 
-class BufferedWriter(TrajectoryWriter):
-    """The writer before the episode log: convert, buffer in memory, write a shard when full."""
+BEFORE = "cbd3552"
+"""The last commit whose writer buffered trajectories in memory (the episode log came next)."""
+BEFORE_FILES = {"store.py": "recorder/store.py", "segments.py": "recorder/segments.py", "trajectory.py": "recorder/trajectory.py"}
 
-    def write(self, trajectory: Trajectory) -> None:  # type: ignore[override]
-        self._rows.append(self._row(trajectory))
-        self.num_written += 1
-        if len(self._rows) >= self.shard_size:
-            self._compact()
+
+def load_writer_before(root: Path) -> Any:
+    """The store module of commit BEFORE, as the package ``tokengym_store_before`` under ``root``."""
+    repo = Path(__file__).resolve().parents[1]
+    package = root / "tokengym_store_before"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name, path in BEFORE_FILES.items():
+        try:
+            text = subprocess.run(["git", "-C", str(repo), "show", f"{BEFORE}:{path}"], check=True, capture_output=True, text=True).stdout
+        except (OSError, subprocess.CalledProcessError) as err:
+            detail = getattr(err, "stderr", "") or err
+            raise SystemExit(f"error: the baseline is the writer of commit {BEFORE}, read from git history: {detail}; "
+                             "run from a git clone with its history (not a shallow one or an sdist)")
+        (package / name).write_text(text)
+    sys.path.insert(0, str(root))
+    return importlib.import_module("tokengym_store_before.store")
+
+
+def as_before(before: Any, traj: Trajectory) -> Any:
+    """``traj`` as the old module's own Trajectory (same segments, metadata and settings)."""
+    seg, kind = before.Segment, before.SegmentKind
+    return before.Trajectory(
+        segments=[seg(kind(s.kind.value), s.token_ids, s.turn, logprobs=s.logprobs, reward=s.reward) for s in traj.segments],
+        env_id=traj.env_id, seed=traj.seed, stop_reason=traj.stop_reason, terminated=traj.terminated,
+        truncated=traj.truncated, conformance=traj.conformance, sampling=traj.sampling, metadata=traj.metadata,
+    )
 
 
 def episodes(tok: Any, n: int) -> list[Trajectory]:
@@ -58,11 +90,11 @@ def episodes(tok: Any, n: int) -> list[Trajectory]:
     return out
 
 
-def one_run(kind: str, root: Path, tok: Any, trajs: list[Trajectory], writes: int, shard_size: int) -> float:
+def one_run(kind: str, root: Path, tok: Any, trajs: list[Any], writes: int, shard_size: int, before: Any = None) -> float:
     """Seconds to write ``writes`` trajectories and close the writer."""
     store = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=root))
     if kind == "buffered":
-        writer: TrajectoryWriter = BufferedWriter(store, tokenizer=tok, shard_size=shard_size)
+        writer: Any = before.TrajectoryWriter(store, tokenizer=tok, shard_size=shard_size)
     else:
         writer = TrajectoryWriter(store, tokenizer=tok, shard_size=shard_size, fsync_interval=1.0 if kind == "durable" else 0.0)
     t0 = time.perf_counter()
@@ -95,11 +127,16 @@ def main() -> int:
     tokens = sum(len(trajs[i % len(trajs)]) for i in range(args.writes))
     kinds = ["buffered", "durable", "durable-fsync-each"]
     times: dict[str, list[float]] = {k: [] for k in kinds}
-    with tempfile.TemporaryDirectory(prefix="tokengym-store-bench-", dir=args.dir) as root:
-        one_run("durable", Path(root), tok, trajs, min(200, args.writes), args.shard_size)  # warm up
+    with tempfile.TemporaryDirectory(prefix="tokengym-store-bench-", dir=args.dir) as root, \
+            tempfile.TemporaryDirectory(prefix="tokengym-writer-before-") as code:
+        before = load_writer_before(Path(code))
+        old = [as_before(before, t) for t in trajs]
+        inputs = {"buffered": old, "durable": trajs, "durable-fsync-each": trajs}
+        for kind in kinds:  # warm up
+            one_run(kind, Path(root), tok, inputs[kind], min(200, args.writes), args.shard_size, before)
         for _ in range(args.repeats):
             for kind in kinds:
-                times[kind].append(one_run(kind, Path(root), tok, trajs, args.writes, args.shard_size))
+                times[kind].append(one_run(kind, Path(root), tok, inputs[kind], args.writes, args.shard_size, before))
         fs = os.statvfs(root)
     med = {k: statistics.median(v) for k, v in times.items()}
     rows = {
@@ -119,7 +156,7 @@ def main() -> int:
     )
     print(f"{'mode':22s} {'traj/s':>10s} {'token MB/s':>11s} {'vs buffered':>12s}")
     labels = {
-        "buffered": "buffered (before)",
+        "buffered": f"buffered ({BEFORE})",
         "durable": "durable, group fsync",
         "durable-fsync-each": "durable, fsync each",
     }

@@ -19,8 +19,12 @@ resolves through, in order:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
+import importlib.util
+import sys
+from collections.abc import Iterator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
@@ -113,11 +117,42 @@ def register_declared_envs() -> list[DeclaredEnv]:
     return envs
 
 
+MODULE_FOLDERS: list[str] = []
+"""Folders searched, after the installed modules, for a module named by ``MODULE:ID`` or an
+import of :func:`import_modules` (the ``tokengym`` script puts the current folder here). They
+are on ``sys.path`` only while such a module is imported, so no other import (an optional
+dependency, say) ever finds a file of theirs."""
+
+
+@contextlib.contextmanager
+def _searched(folders: Sequence[str]) -> Iterator[None]:
+    added = [f for f in folders if f not in sys.path]
+    sys.path.extend(added)
+    try:
+        yield
+    finally:
+        for f in added:
+            if f in sys.path:
+                sys.path.remove(f)
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name.partition(".")[0]) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def import_modules(modules: Sequence[str]) -> None:
-    """Import the modules that register envs, with an error that names the module and the fix."""
+    """Import the modules that register envs, with an error that names the module and the fix.
+    A module not installed is looked for in :data:`MODULE_FOLDERS` (after the installed ones)."""
     for name in modules:
         try:
-            importlib.import_module(name)
+            if MODULE_FOLDERS and name not in sys.modules and not _installed(name):
+                with _searched(MODULE_FOLDERS):
+                    importlib.import_module(name)
+            else:
+                importlib.import_module(name)
         except ImportError as err:
             raise ValueError(
                 f"cannot import {name!r} to register its envs ({err}); install its package or add its folder "

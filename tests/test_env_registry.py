@@ -223,3 +223,24 @@ def test_the_tokengym_script_finds_a_module_in_the_current_folder(tmp_path):
     elsewhere = subprocess.run([str(script), "envs", "--import", "mylab"], cwd=tmp_path, capture_output=True,
                                text=True, env=env, timeout=300)
     assert elsewhere.returncode == 2 and "add its folder to PYTHONPATH" in elsewhere.stderr
+
+
+def test_the_current_folder_is_searched_only_for_the_named_module_after_installed_ones(tmp_path, monkeypatch):
+    """A file in the current folder named like an optional dependency (``accelerate.py``) is never
+    imported by another import: the folder is on the path only while ``MODULE:ID`` or ``--import``
+    loads its module, and an installed module of the same name wins."""
+    import importlib.util
+
+    from tokengym.envs import registry
+
+    (tmp_path / "here_only_mod.py").write_text("FOUND = 'here'\n", encoding="utf-8")
+    (tmp_path / "shadow_dep.py").write_text("raise SystemExit('a file of the current folder was run')\n", encoding="utf-8")
+    (tmp_path / "json.py").write_text("raise SystemExit('the installed module was shadowed')\n", encoding="utf-8")
+    monkeypatch.setattr(registry, "MODULE_FOLDERS", [str(tmp_path)])
+    before = list(sys.path)
+    try:
+        registry.import_modules(["here_only_mod", "json"])
+        assert sys.modules["here_only_mod"].FOUND == "here" and sys.modules["json"].__file__ != str(tmp_path / "json.py")
+        assert sys.path == before and importlib.util.find_spec("shadow_dep") is None
+    finally:
+        sys.modules.pop("here_only_mod", None)

@@ -101,3 +101,33 @@ def test_a_stop_inside_an_uninterrupted_section_waits_for_its_end():
 def test_episode_error_reads_as_its_log_line():
     e = EpisodeError(None, None, "WorkerDied", "env worker 2 died: gone", failed=False)
     assert str(e) == "WorkerDied: env worker 2 died: gone" and "worker 2" in e
+
+
+class Garbage(CalculatorEnv):
+    """Calculator-v0 whose step returns what a buggy env might, for some seeds: a list as the
+    observation (seed 1), no info dict (seed 3); every step also writes a non-numeric
+    ``remaining_context`` into the user's info (the driver reads the step's record instead)."""
+
+    def reset(self, *, seed=None, options=None):
+        self._seed = seed
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        info["remaining_context"] = "plenty"
+        if self._seed == 1:
+            return obs.tolist(), reward, term, trunc, info
+        if self._seed == 3:
+            return obs, reward, term, trunc, None
+        return obs, reward, term, trunc, info
+
+
+@pytest.mark.parametrize("schedule", ["async", "lockstep"])
+def test_an_env_that_returns_garbage_fails_its_episode_by_name_not_the_run(qwen25, schedule):
+    result = rollout(lambda: Garbage(qwen25), answer_policy(qwen25), episodes=5, concurrency=2, progress=False,
+                     schedule=schedule)
+    s = result.stats
+    assert (s.episodes, s.failed) == (3, 2) and sorted(t.metadata["episode"] for t in result.trajectories) == [0, 2, 4]
+    errors = {e.episode: e for e in s.errors}
+    assert errors[1].type == "TypeError" and "returned a list as its observation" in errors[1].message
+    assert errors[3].type == "TypeError" and "returned no info dict" in errors[3].message  # the recorder says it first

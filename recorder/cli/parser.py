@@ -202,12 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def find_modules_here() -> None:
-    """Let ``MODULE:ENV_ID`` and ``--import MODULE`` find a module in the current folder, as
-    ``python -m`` does: the ``tokengym`` script, unlike ``python``, does not put it on the path, and
-    one's first env is a file next to the terminal. Appended, so it never shadows an installed module."""
+    """Let ``MODULE:ENV_ID`` and ``--import MODULE`` find a module in the current folder (one's
+    first env is a file next to the terminal), after the installed modules, and nothing else: the
+    folder is on ``sys.path`` only while such a module is imported, so a file there named like an
+    optional dependency (``accelerate.py``) is never run by another import."""
+    from tokengym.envs.registry import MODULE_FOLDERS
+
     here = os.getcwd()
-    if here not in sys.path and "" not in sys.path:
-        sys.path.append(here)
+    if here not in MODULE_FOLDERS:
+        MODULE_FOLDERS.append(here)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

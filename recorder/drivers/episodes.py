@@ -311,7 +311,7 @@ class EpisodeSlot:
     def advance(self, gen: Generation, result: tuple) -> list[Trajectory] | None:
         """Take a step's result into the stream; the episode's rows when it ended (one, or one per
         context with ``history="deploy"``)."""
-        obs, _, terminated, truncated, info = result
+        obs, _, terminated, truncated, info = checked_step(result)
         record = step_record(info)
         if record.context_reset:
             self.stream = obs.tolist()  # the next context is the whole observation
@@ -331,6 +331,22 @@ class EpisodeSlot:
     def failure(self, err: BaseException) -> EpisodeError:
         """The record of ``err``, raised during this slot's current turn."""
         return EpisodeError.of(err, self.episode, self.turn)
+
+
+def checked_step(result: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+    """A step's result as the driver takes it, or a TypeError that names what the env returned
+    instead (the episode fails by name; the run goes on)."""
+    if not (isinstance(result, tuple) and len(result) == 5):
+        got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+        raise TypeError(f"the env's step returned {got}, not (observation, reward, terminated, truncated, info)")
+    obs, reward, terminated, truncated, info = result
+    if not (isinstance(obs, np.ndarray) and obs.ndim == 1 and (obs.dtype.kind in "iu" or obs.size == 0)):
+        shape = f"{obs.dtype} array of shape {obs.shape}" if isinstance(obs, np.ndarray) else type(obs).__name__
+        raise TypeError(f"the env's step returned a {shape} as its observation; a tokengym env returns a 1-D "
+                        "integer numpy array of token ids")
+    if not isinstance(info, dict):
+        raise TypeError(f"the env's step returned a {type(info).__name__} as its info, not a dict")
+    return obs, reward, bool(terminated), bool(truncated), info
 
 
 def env_factory(make_env: Callable[[], gym.Env] | str, env_kwargs: dict[str, Any] | None = None) -> Callable[[], gym.Env]:

@@ -71,7 +71,10 @@ async def play(
         result = await step(slot, gen)
         if isinstance(result, Exception):
             return slot.failure(result)
-        rows = slot.advance(gen, result)
+        try:
+            rows = slot.advance(gen, result)
+        except Exception as err:  # the env returned something the driver cannot take: this episode fails
+            return slot.failure(err)
         if rows is not None:
             return rows
 

@@ -10,6 +10,7 @@ what the environment answers (:meth:`ChatEnv.respond`); the base does all tokeni
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -293,7 +294,10 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self._messages.append(assistant)
 
         stop_reason: str | None = None
-        if closed_by == "none" and self.max_action_tokens is not None and len(ids) >= self.max_action_tokens:
+        if self.num_tokens > self._limit:  # the action alone runs past the context: not scored
+            response = EnvResponse()
+            stop_reason = "context_length"
+        elif closed_by == "none" and self.max_action_tokens is not None and len(ids) >= self.max_action_tokens:
             response = EnvResponse()
             stop_reason = "action_length"
         else:
@@ -342,6 +346,12 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self._turn += 1
         self._done = done
         terminated = stop_reason == "done"
+        reward = float(response.reward)
+        if not math.isfinite(reward):
+            raise ValueError(
+                f"{type(self).__name__}.respond() returned a non-finite reward ({reward}) on turn {turn}: "
+                "a reward must be a finite number (a NaN would poison every advantage of its group)"
+            )
         extra = plain_copy(response.info)
         record = StepRecord(
             turn=turn,
@@ -355,7 +365,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             tool_rewards=_tool_rewards(turn, extra.get("tool_results")),
             episode_facts={k: copy.deepcopy(extra[k]) for k in EPISODE_FACTS if k in extra},
         )
-        return np.array(obs_ids, dtype=np.int64), float(response.reward), terminated, done and not terminated, _step_info(record, assistant, response, extra)
+        return np.array(obs_ids, dtype=np.int64), reward, terminated, done and not terminated, _step_info(record, assistant, response, extra)
 
     def render(self) -> str | None:
         """``"ansi"``: the stream's text with segment markers.

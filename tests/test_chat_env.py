@@ -191,6 +191,37 @@ def test_context_limit_truncates_before_overflowing(qwen25):
     assert total <= 60 and info["num_tokens"] == total
 
 
+def test_an_action_past_the_context_limit_ends_the_episode_unscored(qwen25):
+    """A policy that ignores its token budget (1M tokens, 30x the context) is not scored: the episode
+    is truncated at the context limit before ``respond`` sees the action."""
+    seen = []
+
+    class Watched(Echo):
+        def respond(self, turn):
+            seen.append(turn.turn)
+            return super().respond(turn)
+
+    env = Watched(qwen25, rounds=1, max_context_tokens=64)
+    obs, info = env.reset(seed=0)
+    _, reward, term, trunc, info = env.step([9707] * (64 - len(obs) + 1))
+    assert (reward, term, trunc, info["stop_reason"], seen) == (0.0, False, True, "context_length", [])
+    env.reset(seed=0)
+    _, reward, term, _, info = env.step([9707] * (64 - len(obs) - 1) + [151645])  # up to the limit: scored
+    assert term and reward == 1.0 and seen == [0]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_reward_is_refused_at_step(qwen25, bad):
+    class Poisoned(Echo):
+        def respond(self, turn):
+            return EnvResponse(reward=bad, done=True)
+
+    env = Poisoned(qwen25)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"Poisoned.respond\(\) returned a non-finite reward \((nan|inf)\) on turn 0"):
+        env.step([9707, 151645])
+
+
 def test_a_completion_budget_caps_one_episode_and_is_passed_at_reset(qwen25):
     from tokengym.envs.chat import COMPLETION_BUDGET
 

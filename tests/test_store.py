@@ -161,7 +161,16 @@ def test_write_refuses_what_it_cannot_store(qwen3, qwen25, tmp_path):
             writer.write(play(RecordEpisodes(ReplayEnv(qwen3)), 0))
         with pytest.raises(TypeError):
             writer.write(traj.to_dict())
-        assert writer.pending == 0
+        deep: dict = {}
+        node = deep
+        for _ in range(5000):  # deeper than the interpreter's recursion limit
+            node["x"] = node = {}
+        traj.metadata = {"nested": deep}
+        with pytest.raises(ValueError, match="metadata is nested more than 100 levels deep"):
+            writer.write(traj)
+        traj.metadata = {"nested": [[[1]]] * 3}  # shallow: stored
+        writer.write(traj)
+        assert writer.pending == 1
 
 
 # ------------------------------------------------------------ shards and resume

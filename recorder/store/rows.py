@@ -35,10 +35,34 @@ def _json(value: Any, what: str) -> str:
             return os.fspath(o)
         raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
+    depth = _depth(value, MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(
+            f"the trajectory's {what} is nested more than {MAX_JSON_DEPTH} levels deep and cannot be stored: "
+            "flatten it (a reader could not load it back)"
+        )
     try:
         return json.dumps(value, default=default, ensure_ascii=False)
     except (TypeError, ValueError) as err:
         raise ValueError(f"the trajectory's {what} cannot be stored as JSON: {err}") from err
+
+
+MAX_JSON_DEPTH = 100
+"""How deep a trajectory's metadata, conformance or sampling settings may nest (lists and dicts)."""
+
+
+def _depth(value: Any, limit: int) -> int:
+    """How deep ``value`` nests (1 for a flat list or dict), counted without recursion and
+    stopping once past ``limit``."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list, tuple)):
+            deepest = max(deepest, d)
+            if deepest > limit:
+                return deepest
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 def trajectory_row(t: Trajectory, vocab_size: int, tokenizer_name: str) -> dict[str, Any]:

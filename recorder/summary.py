@@ -19,6 +19,7 @@ import pyarrow as pa
 from .store import MANIFEST_NAME, SCHEMA_VERSION, StoreError, log_paths, shard_paths
 from .store.manifest import read_manifest
 from .store.reader import store_batches
+from .views import printable
 
 __all__ = ["Totals", "format_summary", "summarize_store", "summarize_with_totals", "summary_rows"]
 
@@ -175,7 +176,7 @@ def format_summary(s: dict[str, Any]) -> str:
     """The summary as aligned text lines."""
     rows = summary_rows(s)
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return "\n".join(f"{k.ljust(width)}  {printable(v)}" for k, v in rows)
 
 
 def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:

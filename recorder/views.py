@@ -131,6 +131,13 @@ def render_trajectory_text(
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
+def printable(value: object) -> str:
+    """``str(value)`` with its control characters (terminal escapes among them, newline and tab
+    too) shown as pictures: what a store says of itself (env ids, stop reasons, tokenizer names) is
+    printed, never obeyed by the terminal."""
+    return re.sub(r"[\x00-\x1f\x7f-\x9f]", _control_picture, str(value))
+
+
 def _control_picture(m: re.Match[str]) -> str:
     c = ord(m.group())
     if c < 0x20:

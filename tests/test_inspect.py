@@ -601,3 +601,15 @@ def test_histogram_bars():
         histogram([1.0, float("nan")])
     svg = render_histogram_svg(many, "t <x>", "tokens", integer=True)
     assert svg.count('class="tg-bar"') == len(histogram(many, integer=True).counts) and "t &lt;x&gt;" in svg
+
+
+def test_what_a_store_says_of_itself_is_printed_not_obeyed(qwen25, tmp_path, capsys):
+    """An env id, stop reason or tokenizer name with terminal escapes in it (a store is data from
+    elsewhere) reaches the terminal as pictures of its control characters."""
+    traj = play(RecordEpisodes(ReplayEnv(qwen25)), 0)
+    traj.env_id, traj.stop_reason = "evil\x1b]0;pwned\x07-v0", "done\x1b[2J"
+    with TrajectoryWriter(tmp_path / "s", tokenizer=qwen25, tokenizer_name="qwen\x1b[31m2.5") as writer:
+        writer.write(traj)
+    code, out, _ = run([tmp_path / "s", "--episode", "0", "--no-color"], capsys)
+    assert code == 0 and "evil␛]0;pwned␇-v0" in out and "done␛[2J" in out and "qwen␛[31m2.5" in out
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out)

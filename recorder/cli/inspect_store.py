@@ -21,7 +21,7 @@ from ..report import REPORT_EPISODES, check_ids, render_report
 from ..store import StoreError, accept_shards
 from ..summary import format_summary, summarize_with_totals
 from ..trajectory import Trajectory
-from ..views import render_legend_text, render_trajectory_text, render_turn_table
+from ..views import printable, render_legend_text, render_trajectory_text, render_turn_table
 
 __all__ = ["add_inspect_parser", "cmd_inspect", "main"]
 
@@ -144,10 +144,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         tok, note = _decoding_tokenizer(args, summary)
         m = traj.mask
         print(
-            f"\nepisode {index} of {summary['episodes']}: env {traj.env_id} · seed {traj.seed} · "
+            f"\nepisode {index} of {summary['episodes']}: env {printable(traj.env_id)} · seed {traj.seed} · "
             f"{len(traj):,} tokens "
             f"({int(m.sum()):,} policy, {int((m == 0).sum()):,} context) · {traj.num_turns} turns · "
-            f"reward {traj.reward:.4g} · stop reason {traj.stop_reason}"
+            f"reward {traj.reward:.4g} · stop reason {printable(traj.stop_reason)}"
         )
         if note:
             print(note, file=sys.stderr)

@@ -165,8 +165,12 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 f"conformance_schedule must be one of {SCHEDULES} (or None for the mode's default), "
                 f"got {conformance_schedule!r}"
             )
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        for name, value, optional in (("max_turns", max_turns, False), ("max_context_tokens", max_context_tokens, False),
+                                      ("max_action_tokens", max_action_tokens, True)):
+            if optional and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.renderer = (

@@ -158,6 +158,13 @@ def import_modules(modules: Sequence[str]) -> None:
                 f"cannot import {name!r} to register its envs ({err}); install its package or add its folder "
                 "to PYTHONPATH"
             ) from err
+        except SystemExit as err:  # a module that ends the process when imported must not end the run quietly
+            raise ValueError(f"importing {name!r} to register its envs called sys.exit({err.code!r})") from None
+        except Exception as err:  # noqa: BLE001 -- a relative name (TypeError), or the module's own failure
+            raise ValueError(
+                f"importing {name!r} to register its envs failed: {type(err).__name__}: {err}"
+                + (" (name an absolute module: MODULE:ID takes no leading dot)" if name.startswith(".") else "")
+            ) from err
 
 
 def resolve_env_id(spec: str, imports: Sequence[str] = ()) -> str:

@@ -408,3 +408,37 @@ def test_demo_says_smollm2_gets_the_tool_template_as_rollout_does():
     assert template == CHATML_TOOLS
     assert line == env_template("tokengym/Calculator-v0", "smollm2", {})[1]
     assert line.startswith("chat template: tokengym.envs.templates.CHATML_TOOLS (tokengym/Calculator-v0 has tools")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--env-kwarg", "max_turns=abc"], r"max_turns must be a positive int, got 'abc' \(str\)"),
+        (["--env-kwarg", "max_turns=NaN"], r"max_turns must be a positive int, got nan \(float\)"),
+        (["--env-kwarg", "max_turns=Infinity"], r"max_turns must be a positive int, got inf \(float\)"),
+        (["--env-kwarg", "max_turns=" + "[" * 60000 + "]" * 60000], r"--env-kwarg max_turns: the JSON value is nested too deep"),
+    ],
+    ids=["text", "nan", "inf", "deep-json"],
+)
+def test_bad_cli_values_are_named_without_a_traceback(tmp_path, capsys, extra, message):
+    code = main([*CALC, "--episodes", "1", "--out", str(tmp_path / "s"), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(message, err) and "Traceback" not in err
+    assert len(err) < 2000  # the message, not a dump of the tokenizer
+
+
+@pytest.mark.parametrize(
+    "module, source, message",
+    [
+        ("quits_on_import", "import sys\nsys.exit(0)\n", r"importing 'quits_on_import' to register its envs called sys.exit\(0\)"),
+        ("fails_on_import", "raise RuntimeError('no GPU here')\n", r"importing 'fails_on_import' .* RuntimeError: no GPU here"),
+    ],
+)
+def test_a_module_that_exits_or_fails_at_import_is_an_error_not_the_runs_end(tmp_path, capsys, monkeypatch, module, source, message):
+    (tmp_path / f"{module}.py").write_text(source, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = [*CALC, "--episodes", "1", "--out", str(tmp_path / "s")]
+    argv[1] = f"{module}:tokengym/Calculator-v0"
+    assert main(argv) == 2 and re.search(message, capsys.readouterr().err)
+    argv[1] = ".relative:tokengym/Calculator-v0"
+    assert main(argv) == 2 and "MODULE:ID takes no leading dot" in capsys.readouterr().err

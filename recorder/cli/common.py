@@ -31,6 +31,8 @@ def key_json_pairs(items: Sequence[str], option: str = "--template-kwarg") -> di
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
+        except RecursionError:
+            raise ValueError(f"{option} {key}: the JSON value is nested too deep to read") from None
     return out
 
 

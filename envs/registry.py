@@ -37,7 +37,9 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "DeclaredEnv",
     "EnvRef",
+    "BROKEN_DECLARATIONS",
     "declared_envs",
+    "scan_declared_envs",
     "import_modules",
     "make_env",
     "register_builtin_envs",
@@ -82,35 +84,52 @@ class DeclaredEnv:
     distribution: str
 
 
-def declared_envs() -> list[DeclaredEnv]:
-    """Every env declared by an installed package, sorted by id.
-
-    Two packages declaring the same id is an error that names both: which one a name
-    means would otherwise depend on the install order.
-    """
+def scan_declared_envs() -> tuple[list[DeclaredEnv], dict[str, str]]:
+    """The envs installed packages declare, sorted by id, and the broken declarations (id ->
+    why): a value that is not ``module:attribute``, or an id two packages declare differently
+    (which one a name means would otherwise depend on the install order). A broken declaration
+    leaves every other env usable; only a run that names it fails, with the reason."""
     found: dict[str, DeclaredEnv] = {}
+    broken: dict[str, str] = {}
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = ep.dist.name if ep.dist is not None else "?"
         env = DeclaredEnv(ep.name, ep.value, dist)
         if ":" not in ep.value:
-            raise ValueError(
+            broken[ep.name] = (
                 f"package {dist} declares env {ep.name!r} in the {ENTRY_POINT_GROUP!r} entry points as "
                 f"{ep.value!r}; the value must be 'module:attribute' (an env class or a factory)"
             )
+            continue
         other = found.get(ep.name)
         if other is not None and (other.entry_point, other.distribution) != (env.entry_point, env.distribution):
-            raise ValueError(
+            broken[ep.name] = (
                 f"env {ep.name!r} is declared twice in the {ENTRY_POINT_GROUP!r} entry points: by {other.distribution} "
                 f"({other.entry_point}) and by {dist} ({ep.value}); uninstall one of them"
             )
+            continue
         found[ep.name] = env
-    return [found[k] for k in sorted(found)]
+    return [found[k] for k in sorted(found) if k not in broken], broken
+
+
+def declared_envs() -> list[DeclaredEnv]:
+    """Every env declared by an installed package, sorted by id; a ValueError that names the first
+    broken declaration (see :func:`scan_declared_envs`, which keeps them apart)."""
+    envs, broken = scan_declared_envs()
+    if broken:
+        raise ValueError(next(iter(broken.values())))
+    return envs
+
+
+BROKEN_DECLARATIONS: dict[str, str] = {}
+"""Declared ids that cannot be used, and why (filled by :func:`register_declared_envs`)."""
 
 
 def register_declared_envs() -> list[DeclaredEnv]:
     """Register with gymnasium every declared env not registered yet (a package's own
     ``register`` call, made when it is imported, is kept). Returns the declared envs."""
-    envs = declared_envs()
+    envs, broken = scan_declared_envs()
+    BROKEN_DECLARATIONS.clear()
+    BROKEN_DECLARATIONS.update(broken)
     for env in envs:
         if env.env_id not in registry:
             register(id=env.env_id, entry_point=env.entry_point)
@@ -175,6 +194,8 @@ def resolve_env_id(spec: str, imports: Sequence[str] = ()) -> str:
     module, sep, env_id = spec.rpartition(":")
     import_modules([*imports, *([module] if sep else [])])
     register_declared_envs()
+    if env_id in BROKEN_DECLARATIONS and env_id not in registry:
+        raise ValueError(f"environment {env_id!r} cannot be used: {BROKEN_DECLARATIONS[env_id]}")
     try:
         return gym.spec(env_id).id
     except gym.error.Error as err:

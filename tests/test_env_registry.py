@@ -133,6 +133,40 @@ def test_a_malformed_or_conflicting_declaration_is_an_error(tmp_path, monkeypatc
         declared_envs()
 
 
+def test_a_broken_declaration_fails_only_the_run_that_names_it(tmp_path, monkeypatch, capsys):
+    """A package whose declaration is malformed, conflicting or whose module raises at import
+    leaves the built-in envs (and every other one) usable; ``tokengym envs`` lists it as broken."""
+    other = tmp_path / "other"
+    dist = other / "otherlab-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: otherlab\nVersion: 1.0\n", encoding="utf-8")
+    (dist / "entry_points.txt").write_text(
+        f"[{ENTRY_POINT_GROUP}]\nmylab/Todo-v0 = otherlab:Todo\nother/Bad-v0 = otherlab\nother/Raises-v0 = otherlab_raises:Env\n",
+        encoding="utf-8",
+    )
+    (other / "otherlab_raises.py").write_text("raise RuntimeError('needs a GPU')\n", encoding="utf-8")
+    write_package(tmp_path / "site", DECLARED)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.syspath_prepend(str(other))
+    try:
+        assert resolve_env_id("tokengym/Calculator-v0") == "tokengym/Calculator-v0"
+        with pytest.raises(ValueError, match=r"'mylab/Todo-v0' cannot be used: .*declared twice"):
+            resolve_env_id("mylab/Todo-v0")
+        with pytest.raises(ValueError, match=r"'other/Bad-v0' cannot be used: .*must be 'module:attribute'"):
+            resolve_env_id("other/Bad-v0")
+        assert main(["envs"]) == 1
+        out = capsys.readouterr().out
+        assert re.search(r"^tokengym/Calculator-v0 +\S", out, re.M)
+        assert re.search(r"^mylab/Todo-v0 +broken declaration: .*declared twice", out, re.M)
+        assert re.search(r"^other/Raises-v0 +cannot load otherlab_raises:Env: RuntimeError: needs a GPU", out, re.M)
+    finally:
+        for env_id in ("other/Raises-v0", *OWN_IDS):
+            gym.registry.pop(env_id, None)
+        from tokengym.envs.registry import BROKEN_DECLARATIONS
+
+        BROKEN_DECLARATIONS.clear()  # the test's packages leave with it
+
+
 def test_cli_envs_lists_declared_and_imported_envs(mylab, capsys):
     assert main(["envs", "--import", "mylab"]) == 0
     out = capsys.readouterr().out

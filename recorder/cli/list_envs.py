@@ -14,7 +14,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     from tokengym.envs import registered_envs
-    from tokengym.envs.registry import ENTRY_POINT_GROUP, import_modules, register_declared_envs
+    from tokengym.envs.registry import BROKEN_DECLARATIONS, ENTRY_POINT_GROUP, import_modules, register_declared_envs
 
     before = set(gym.registry)
     import_modules(args.imports)
@@ -29,12 +29,18 @@ def cmd_envs(args: argparse.Namespace) -> int:
             try:
                 cls = getattr(importlib.import_module(module), name)
                 doc = first_sentence(cls.__doc__ or "")
-            except (ImportError, AttributeError) as err:
+            except SystemExit as err:  # a package's module that ends the process: listed, not obeyed
                 broken += 1
-                doc = f"cannot load {entry}: {err}"
+                doc = f"cannot load {entry}: importing it called sys.exit({err.code!r})"
+            except Exception as err:  # noqa: BLE001 -- one broken package must not hide the others
+                broken += 1
+                doc = f"cannot load {entry}: {type(err).__name__}: {err}"
         if env_id in declared:
             doc = f"{doc} [{declared[env_id].distribution}]".strip()
         print(f"{env_id:28s} {doc}")
+    for env_id, why in sorted(BROKEN_DECLARATIONS.items()):
+        broken += 1
+        print(f"{env_id:28s} broken declaration: {why}")
     if broken:
         print(f"{broken} env(s) cannot be loaded (see above)", file=sys.stderr)
         return 1

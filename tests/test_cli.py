@@ -261,7 +261,7 @@ def test_rollout_on_an_existing_store_resumes_appends_or_refuses(tmp_path, capsy
     # Other settings are refused, the difference named; nothing is written.
     for extra, named in (
         (["--temperature", "0.5"], "sampling.temperature: stored 1.0, asked 0.5"),
-        (["--max-turns", "3"], "env_kwargs.max_turns: stored 8, asked 3"),
+        (["--max-turns", "3"], "env_kwargs.max_turns: stored '(unset)', asked 3"),  # the env's own default
         (["--seed", "1", "--append"], "seed: stored 0, asked 1"),
     ):
         assert main([*CALC, "--episodes", "2", *extra, "--out", out]) == 2
@@ -442,3 +442,23 @@ def test_a_module_that_exits_or_fails_at_import_is_an_error_not_the_runs_end(tmp
     assert main(argv) == 2 and re.search(message, capsys.readouterr().err)
     argv[1] = ".relative:tokengym/Calculator-v0"
     assert main(argv) == 2 and "MODULE:ID takes no leading dot" in capsys.readouterr().err
+
+
+def test_the_cli_keeps_the_envs_own_max_turns_unless_asked(tmp_path, capsys):
+    """Calculator-v0 ends an episode after its own max_turns (6); the CLI no longer passes a
+    default of its own, and --max-turns still wins when given."""
+    import gymnasium as gym
+
+    from tokengym.recorder import read_trajectories
+
+    calls = ['<tool_call>\n{"name": "calculate", "arguments": {"expression": "1 + 1"}}\n</tool_call>'] * 20
+    base = [a for a in CALC if a not in ("--reply",) and not a.startswith(("<tool_call>", "<answer>"))]
+    replies = [x for c in calls for x in ("--reply", c)]
+    assert main([*base, *replies, "--episodes", "1", "--out", str(tmp_path / "own")]) == 0
+    own = gym.make("tokengym/Calculator-v0", tokenizer="qwen2.5").unwrapped.max_turns
+    (traj,) = read_trajectories(tmp_path / "own")
+    assert traj.stop_reason == "max_turns" and traj.num_turns == own
+    assert main([*base, *replies, "--episodes", "1", "--max-turns", "3", "--out", str(tmp_path / "three")]) == 0
+    (traj,) = read_trajectories(tmp_path / "three")
+    assert traj.stop_reason == "max_turns" and traj.num_turns == 3
+    capsys.readouterr()

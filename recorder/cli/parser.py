@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold")
     r.add_argument("--max-tokens", type=int, default=256, help="the policy's token budget per turn")
-    r.add_argument("--max-turns", type=int, default=8, help="assistant turns before an episode is truncated")
+    r.add_argument("--max-turns", type=int, default=None,
+                   help="assistant turns before an episode is truncated (default: the env's own)")
     r.add_argument("--out", default="tokengym-runs/rollout", help="folder of the Parquet store (an existing one is continued)")
     r.add_argument("--append", action="store_true", help="add --episodes new episodes (new seeds) to an existing store")
     r.add_argument("--quiet", action="store_true", help="no progress bar")

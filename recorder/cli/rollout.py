@@ -101,7 +101,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     else:
         backend, env_tokenizer = "local", tokenizer
         policy = policy_factory(args, engine_kwargs, tokenizer)()
-    env_kwargs = {"tokenizer": env_tokenizer, "max_turns": args.max_turns, **extra_env_kwargs}
+    turns = {} if args.max_turns is None else {"max_turns": args.max_turns}  # else the env's own default
+    env_kwargs = {"tokenizer": env_tokenizer, **turns, **extra_env_kwargs}
     make_env = EnvRef(args.env_id, tuple(args.imports), env_kwargs)
     template, note = env_template(make_env, args.tokenizer or args.model, env_kwargs, given="--env-kwarg chat_template")
     if note:
@@ -114,7 +115,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         policy_spec["replies"] = list(args.reply)
     run = {
         "env_id": args.env_id,
-        "env_kwargs": {"max_turns": args.max_turns, **extra_env_kwargs},
+        "env_kwargs": {**turns, **extra_env_kwargs},
         "policy": policy_spec,
         "sampling": sampling.as_dict(),
         "seed": args.seed,

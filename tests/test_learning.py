@@ -8,6 +8,7 @@ after updates too), and what it refuses.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import gymnasium as gym
@@ -138,6 +139,29 @@ def test_held_out_tasks_that_training_asked_are_counted(tiny, qwen3):
     run = train_grpo(tiny, qwen3, lambda: FirstTokenParity(OneQuestion(qwen3)), small(iterations=1, eval_episodes=3))
     assert [e.seen for e in run.evals] == [0, 3]  # nothing trained before the first evaluation
     assert math.isnan(run.evals[1].unseen_reward) and run.evals[1].unseen_metrics == {}
+    before, after, n = run.held_out_change()
+    assert n == 0 and math.isnan(before) and math.isnan(after)  # no question is left that training never asked
+
+
+def test_before_and_after_are_compared_on_the_same_held_out_questions(tiny, qwen3):
+    """The change is measured on the questions training never asked by its end, in both
+    evaluations, never the first evaluation's full set against the last one's remainder."""
+    run = train_grpo(tiny, qwen3, lambda: FirstTokenParity(AdditionEnv(qwen3)), small(eval_episodes=6), metrics=grade_metrics)
+    first, last = run.evals[0], run.evals[-1]
+    assert len(first.episodes) == len(last.episodes) == 6 and first.trained == frozenset()
+    assert [e.task_id for e in first.episodes] == [e.task_id for e in last.episodes]
+    keep = [i for i, e in enumerate(last.episodes) if e.task_id not in last.trained]
+    assert len(keep) == 6 - last.seen
+    before, after, n = run.held_out_change("correct")
+    assert n == len(keep)
+    assert before == pytest.approx(np.mean([first.episodes[i].metrics["correct"] for i in keep]))
+    assert after == pytest.approx(np.mean([last.episodes[i].metrics["correct"] for i in keep]))
+    assert run.held_out_change()[1] == pytest.approx(last.unseen_reward)
+    changed = dataclasses.replace(last, episodes=last.episodes[::-1])
+    run.evals[-1] = changed
+    if [e.task_id for e in changed.episodes] != [e.task_id for e in first.episodes]:
+        with pytest.raises(ValueError, match="asked different questions"):
+            run.held_out_change()
 
 
 def test_no_signal_no_step(tiny, qwen3):

@@ -10,7 +10,10 @@ Conventions shared by all layouts:
 
 - mask 1 only on action (policy) tokens; the prompt, observations and padding are 0;
 - logprobs are 0.0 where the trajectory has none (masked tokens, or actions recorded
-  without logprobs): trainers multiply by the mask, and NaN would poison that product;
+  without logprobs): trainers multiply by the mask, and NaN would poison that product. An
+  action without logprobs then reads as probability 1, so a batch that holds one warns
+  (:class:`MissingLogprobsWarning`, once per calling line) and marks its rows
+  (``logprobs_present``);
 - each turn's reward sits on the last token of that turn's action, so the rewards of a
   row sum to the episode's return (the SkyRL convention; verl puts a single outcome
   reward on the last valid token, which is the same thing for one-turn episodes).
@@ -18,6 +21,7 @@ Conventions shared by all layouts:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -42,6 +46,7 @@ if TYPE_CHECKING:  # torch is imported by the layouts that build tensors, not by
 __all__ = [
     "GRPOAdvantages",
     "GroupSignal",
+    "MissingLogprobsWarning",
     "NoGroupSignalWarning",
     "PackedBatch",
     "TokenView",
@@ -52,6 +57,7 @@ __all__ = [
     "group_by_task",
     "group_signal",
     "grpo_advantages",
+    "logprobs_present",
     "to_packed",
     "to_trl",
     "to_verl",
@@ -70,6 +76,28 @@ class TokenView(NamedTuple):
 
 
 # ----------------------------------------------------------------- helpers
+class MissingLogprobsWarning(UserWarning):
+    """A batch holds actions recorded without logprobs: 0.0 (probability 1) stands in for them."""
+
+
+def logprobs_present(trajs: Sequence[Trajectory]) -> np.ndarray:
+    """Per trajectory: every action of it was recorded with its logprobs (bool array)."""
+    return np.array([all(a.logprobs is not None for a in t.actions) for t in trajs], dtype=bool)
+
+
+def _warn_missing_logprobs(present: np.ndarray, layout: str) -> None:
+    missing = int((~present).sum())
+    if missing:
+        warnings.warn(
+            f"{missing} of {len(present)} trajectories in this {layout} batch have actions recorded without "
+            "logprobs; they read as 0.0 (probability 1), which an importance ratio or a KL term takes at its word. "
+            "Record them (a policy that returns logprobs, or RecordEpisodes.step(..., logprobs=...)) or recompute "
+            "them before use; the batch's logprobs_present marks the rows that have them",
+            MissingLogprobsWarning,
+            stacklevel=3,
+        )
+
+
 def _filled_logprobs(t: Trajectory) -> np.ndarray:
     """The trajectory's logprobs with 0.0 wherever there is none."""
     return np.nan_to_num(t.logprobs, nan=0.0).astype(np.float32)
@@ -207,6 +235,8 @@ def to_verl(
     import torch
 
     require_trajectories(trajs)
+    present = logprobs_present(trajs)
+    _warn_missing_logprobs(present, "verl")
     if overlong not in ("error", "truncate"):
         raise ValueError(f'overlong must be "error" or "truncate", not {overlong!r}')
     adv = _per_traj_advantages(advantages, len(trajs))
@@ -322,6 +352,7 @@ def to_verl(
         "conformance": _object_array([t.conformance_summary for t in trajs]),
         "uid": _object_array([group_key(t) for t in trajs]),
         "truncated_to_fit": _object_array(truncated),
+        "logprobs_present": _object_array(present.tolist()),
     }
     return VerlBatch(tensors=tensors, non_tensors=non_tensors)
 
@@ -353,6 +384,7 @@ def to_trl(trajs: Sequence[Trajectory]) -> dict[str, list[list[int]] | list[list
     only on what the policy produced; ``logprobs`` is aligned to the completion, 0.0 where none.
     """
     require_trajectories(trajs)
+    _warn_missing_logprobs(logprobs_present(trajs), "TRL")
     out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
     for t in trajs:
         pl = t.prompt_len
@@ -399,6 +431,7 @@ class PackedBatch:
     token_rewards: torch.Tensor  # float32, each turn's reward on its action's last token
     seq_index: torch.Tensor  # int64, the row each token belongs to
     advantages: torch.Tensor | None = None  # float32, on action tokens, when asked for
+    logprobs_present: torch.Tensor | None = None  # bool, [B]: every action of the row has its logprobs
 
     def __len__(self) -> int:
         return int(self.cu_seqlens.shape[0]) - 1
@@ -416,6 +449,8 @@ def to_packed(
     import torch
 
     require_trajectories(trajs)
+    present = logprobs_present(trajs)
+    _warn_missing_logprobs(present, "packed")
     adv = _per_traj_advantages(advantages, len(trajs))
     lens = np.array([len(t) for t in trajs], dtype=np.int64)
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
@@ -432,6 +467,7 @@ def to_packed(
         token_rewards=torch.from_numpy(np.concatenate([_token_rewards(t) for t in trajs])),
         seq_index=torch.from_numpy(seq_index),
         advantages=None if adv is None else torch.from_numpy(adv[seq_index] * mask.astype(np.float32)),
+        logprobs_present=torch.from_numpy(present),
     )
 
 

@@ -372,11 +372,29 @@ def test_verl_truncate_moves_rewards_of_cut_turns():
         to_verl([x], response_length=0, overlong="truncate")
 
 
-def test_missing_logprobs_are_zero_not_nan():
-    b = to_verl([HAND[1]])
-    lp = b.tensors["rollout_log_probs"][0]
+def test_missing_logprobs_are_zero_not_nan_and_said():
+    """0.0 stands in for logprobs that were not recorded (NaN would poison the masked product),
+    which reads as probability 1: each layout warns and marks the rows that have them all."""
+    from tokengym.recorder import MissingLogprobsWarning
+    from tokengym.recorder.batches import logprobs_present
+
+    rows = [HAND[0], HAND[1]]
+    present = logprobs_present(rows).tolist()
+    assert present == [all(a.logprobs is not None for a in t.actions) for t in rows] and present[1] is False
+    with pytest.warns(MissingLogprobsWarning, match=r"1 of 2 trajectories in this verl batch .* without logprobs"):
+        b = to_verl(rows)
+    lp = b.tensors["rollout_log_probs"][1]
     assert lp.tolist()[3:5] == [0.0, 0.0] and not torch.isnan(lp).any()  # turn 1 had no logprobs
-    assert not torch.isnan(to_packed([HAND[1]]).logprobs).any()
+    assert b.non_tensors["logprobs_present"].tolist() == present
+    with pytest.warns(MissingLogprobsWarning, match="packed batch"):
+        packed = to_packed(rows)
+    assert not torch.isnan(packed.logprobs).any() and packed.logprobs_present.tolist() == present
+    with pytest.warns(MissingLogprobsWarning, match="TRL batch"):
+        to_trl(rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MissingLogprobsWarning)
+        whole = [t for t in rows if all(a.logprobs is not None for a in t.actions)]
+        assert to_verl(whole).non_tensors["logprobs_present"].tolist() == [True] * len(whole)  # no warning
 
 
 # ----------------------------------------------------------------------- TRL

@@ -51,7 +51,10 @@ def test_failed_episodes_are_structured_and_grouped_by_type(qwen25):
     assert "4 done, 4 failed" in table
     assert "2 × RuntimeError (episodes 1, 4); first: episode " in table
     assert "2 × ValueError (episodes 2, 7); first: episode " in table and "reset failed: no task for seed" in table
-    assert s.as_dict()["errors"][0].keys() == {"episode", "turn", "type", "message", "failed"}
+    assert s.as_dict()["errors"][0].keys() == {"episode", "turn", "type", "message", "failed", "where"}
+    # Where it was raised: the env's own line, in the log and the summary.
+    assert errors[0].where.startswith(f"{__file__}:") and errors[0].where.endswith(" in step")
+    assert f"(raised at {errors[0].where})" in table
 
 
 def test_chosen_episode_indices_keep_their_seeds(qwen25):

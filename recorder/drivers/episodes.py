@@ -11,6 +11,7 @@ Ray backend needs nothing of the driver.
 from __future__ import annotations
 
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -69,11 +70,15 @@ class EpisodeError:
     type: str
     message: str
     failed: bool = True
+    where: str | None = None
+    """``file:line in function`` where the exception was raised (its innermost frame), when known."""
 
     @classmethod
     def of(cls, err: BaseException, episode: int | None, turn: int | None, prefix: str = "") -> EpisodeError:
         """The record of an exception raised in ``episode`` at ``turn`` (None: at reset)."""
-        return cls(episode, turn, type(err).__name__, prefix + (str(err) or repr(err)))
+        frames = traceback.extract_tb(err.__traceback__) if err.__traceback__ is not None else []
+        where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
+        return cls(episode, turn, type(err).__name__, prefix + (str(err) or repr(err)), where=where)
 
     def __str__(self) -> str:
         where = "" if self.episode is None else f"episode {self.episode}"
@@ -85,7 +90,8 @@ class EpisodeError:
         return text in str(self)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"episode": self.episode, "turn": self.turn, "type": self.type, "message": self.message, "failed": self.failed}
+        return {"episode": self.episode, "turn": self.turn, "type": self.type, "message": self.message,
+                "failed": self.failed, "where": self.where}
 
 
 def episode_ids(episodes: int | Sequence[int]) -> list[int]:

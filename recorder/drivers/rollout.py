@@ -260,7 +260,8 @@ def summary_table(stats: RolloutStats) -> str:
     for i, (kind, errs) in enumerate(stats.failures_by_type().items()):
         episodes = sorted({e.episode for e in errs if e.episode is not None})
         shown = ", ".join(map(str, episodes[:10])) + (f" and {len(episodes) - 10} more" if len(episodes) > 10 else "")
-        rows.append(("failed" if i == 0 else "", f"{len(errs)} × {kind} (episodes {shown or '-'}); first: {errs[0]}"))
+        rows.append(("failed" if i == 0 else "", f"{len(errs)} × {kind} (episodes {shown or '-'}); first: {errs[0]}"
+                     + (f" (raised at {errs[0].where})" if errs[0].where else "")))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     if stats.interrupted:

@@ -462,3 +462,18 @@ def test_the_cli_keeps_the_envs_own_max_turns_unless_asked(tmp_path, capsys):
     (traj,) = read_trajectories(tmp_path / "three")
     assert traj.stop_reason == "max_turns" and traj.num_turns == 3
     capsys.readouterr()
+
+
+def test_a_run_that_failed_before_its_first_episode_does_not_lock_its_store(tmp_path, capsys):
+    """A typo in an env argument fails the run before any episode; the corrected run takes the
+    empty store over, said, instead of being refused as 'other run settings'."""
+    from tokengym.recorder import read_trajectories
+
+    out = str(tmp_path / "store")
+    assert main([*CALC, "--episodes", "2", "--out", out, "--env-kwarg", "max_turn=3"]) == 2
+    assert "did you mean 'max_turns'?" in capsys.readouterr().err
+    with pytest.warns(UserWarning, match="holds no episode; its run settings .* are replaced by this run's"):
+        assert main([*CALC, "--episodes", "2", "--out", out]) == 0
+    assert len(list(read_trajectories(out))) == 2
+    assert main([*CALC, "--episodes", "2", "--temperature", "0.5", "--out", out]) == 2  # now it holds episodes
+    assert "recorded with other run settings" in capsys.readouterr().err

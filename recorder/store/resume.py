@@ -9,13 +9,14 @@ stops it; :func:`run_differences` says which run settings differ.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .episode_log import Log, read_log
-from .errors import CorruptShardError, RunMismatchError, ShardListError
+from .errors import CorruptShardError, RunMismatchError, ShardListError, StoreWarning
 from .files import TEMP_RE, MANIFEST_NAME, file_index, shard_name, log_paths, shard_paths
 from .fingerprint import tokenizer_mismatch
 from .manifest import open_shard, read_manifest, repair_hint, shard_entry
@@ -146,7 +147,14 @@ def check_resume(
                 f"{root}: holds {stored} trajectories recorded without run settings (by an older tokengym "
                 "or a TrajectoryWriter without run=); refusing to mix another run in: use another directory"
             )
-        if have is not None and (diff := run_differences(have, run)):
+        if have is not None and not stored and (diff := run_differences(have, run)):
+            # A run that failed before its first episode (a typo in an env argument, say) left only
+            # its settings: nothing recorded is mixed, so the corrected run takes the store over.
+            warnings.warn(
+                f"{root} holds no episode; its run settings ({'; '.join(diff)}) are replaced by this run's",
+                StoreWarning, stacklevel=3,
+            )
+        elif have is not None and (diff := run_differences(have, run)):
             raise RunMismatchError(
                 f"{root} was recorded with other run settings: {'; '.join(diff)}. "
                 "Use the same settings to continue it, or another directory"

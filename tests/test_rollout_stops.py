@@ -4,6 +4,7 @@ recorded as data and grouped in the summary, and chosen episode indices keep the
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 import pytest
@@ -134,3 +135,16 @@ def test_an_env_that_returns_garbage_fails_its_episode_by_name_not_the_run(qwen2
     errors = {e.episode: e for e in s.errors}
     assert errors[1].type == "TypeError" and "returned a list as its observation" in errors[1].message
     assert errors[3].type == "TypeError" and "returned no info dict" in errors[3].message  # the recorder says it first
+
+
+def test_answers_cut_at_the_token_limit_are_counted_and_said(qwen25):
+    from tokengym.policies import SamplingParams
+
+    full = rollout(lambda: CalculatorEnv(qwen25), answer_policy(qwen25), episodes=2, progress=False)
+    assert full.stats.finish_reasons == {"stop": 2} and "cut" not in summary_table(full.stats)
+    cut = rollout(lambda: CalculatorEnv(qwen25, max_turns=1), answer_policy(qwen25), episodes=2, progress=False,
+                  sampling=SamplingParams(max_tokens=3))
+    assert cut.stats.finish_reasons == {"length": 2} and cut.stats.as_dict()["finish_reasons"] == {"length": 2}
+    table = summary_table(cut.stats)
+    assert re.search(r"^finish reasons +length 2$", table, re.M)
+    assert "2 actions stopped at the token limit (finish reason 'length')" in table

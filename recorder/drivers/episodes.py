@@ -119,6 +119,9 @@ class RolloutStats:
     wall_s: float = 0.0
     engine_s: float = 0.0
     stop_reasons: Counter = field(default_factory=Counter)
+    finish_reasons: Counter = field(default_factory=Counter)
+    """Why each action's generation stopped (``stop``, ``stop_string``, ``length``: cut at the token
+    limit, or ``unknown``), over every action of the finished episodes."""
     conformance: Counter = field(default_factory=Counter)
     errors: list[EpisodeError] = field(default_factory=list)
     """What went wrong, one record per failed episode (and notes with ``failed=False``)."""
@@ -188,6 +191,7 @@ class RolloutStats:
             "tokens_per_s": self.tokens_per_s,
             "outside_engine_share": self.outside_engine_share,
             "stop_reasons": dict(self.stop_reasons),
+            "finish_reasons": dict(self.finish_reasons),
             "conformance": dict(self.conformance),
             "errors": [e.as_dict() for e in self.errors],
             "requested": self.requested,
@@ -434,6 +438,7 @@ def _account(stats: RolloutStats, rows: list[Trajectory]) -> None:
     if "group" in rows[-1].metadata:
         stats.group_rewards.setdefault(rows[-1].metadata["group"], []).append(episode_return)
     for traj in rows:
+        stats.finish_reasons.update(reason or "unknown" for reason in traj.finish_reasons)
         summary = traj.conformance_summary
         for status in ("ok", "known", "mismatch", "deferred"):
             if summary.get(status):

@@ -240,9 +240,13 @@ def summary_table(stats: RolloutStats) -> str:
         ("turns", str(stats.turns)),
         ("mean reward", f"{stats.mean_reward:.3f}"),
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(stats.stop_reasons.items())) or "-"),
+        ("finish reasons", ", ".join(f"{k} {v}" for k, v in sorted(stats.finish_reasons.items())) or "-"),
         ("conformance", ", ".join(f"{k} {v}" for k, v in sorted(stats.conformance.items())) or "-"),
         ("throughput", f"{stats.tokens_per_s:.1f} policy tokens/s, {100 * stats.outside_engine_share:.0f}% of time outside the policy"),
     ]
+    if stats.finish_reasons.get("length"):
+        rows.append(("cut", f"{stats.finish_reasons['length']} actions stopped at the token limit (finish reason "
+                     "'length'): their answers may be incomplete though the episode counts as done"))
     if stats.context_resets:
         rows.append(("contexts", f"{stats.context_resets} new contexts mid-episode (history='deploy'): "
                      f"{stats.episodes + stats.context_resets} trajectory rows for {stats.episodes} episodes"))

@@ -10,7 +10,9 @@ what the environment answers (:meth:`ChatEnv.respond`); the base does all tokeni
 from __future__ import annotations
 
 import copy
+import difflib
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,7 +39,7 @@ from .render import ChatRenderer, Message, TemplateError
 from .step_record import EPISODE_FACTS, RECORD, ClosedBy, ResetRecord, StepRecord, ToolReward
 from .stop_strings import check_stop_strings, ends_with_stop_string
 
-__all__ = ["COMPLETION_BUDGET", "AssistantTurn", "ChatEnv", "EnvResponse", "Prompt", "token_space"]
+__all__ = ["COMPLETION_BUDGET", "AssistantTurn", "ChatEnv", "EnvResponse", "Prompt", "UnknownOptionWarning", "token_space"]
 
 History = Literal["keep", "deploy"]
 
@@ -98,6 +100,10 @@ class EnvResponse:
     enforces); nothing more is tokenized. Ignored when ``done``."""
 
 
+class UnknownOptionWarning(UserWarning):
+    """A reset option the env does not read (it runs as if the option were not there)."""
+
+
 COMPLETION_BUDGET = "completion_budget"
 """The reset option that caps one episode's tokens after its prompt (see :meth:`ChatEnv.reset`)."""
 
@@ -137,6 +143,10 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
+    reset_options: frozenset[str] | None = None
+    """The ``reset`` option keys :meth:`make_prompt` reads; another key warns
+    (:class:`UnknownOptionWarning`) with the near names: a misspelled option would otherwise run a
+    random task. None: any key (a subclass that reads new keys adds them here)."""
 
     def __init__(
         self,
@@ -253,6 +263,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         if "messages" in opts:
             prompt = Prompt(list(opts["messages"]), opts.get("tools"), dict(opts.get("task", {})))
         else:
+            self._check_options(opts)
             prompt = self.make_prompt(opts)
         rendered = self.renderer.prompt(prompt.messages, prompt.tools)
         if len(rendered.ids) >= self.max_context_tokens:
@@ -386,6 +397,19 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         )
 
     # ------------------------------------------------------------- internals
+    def _check_options(self, options: Mapping[str, Any]) -> None:
+        known = self.reset_options
+        unknown = sorted(set(options) - known) if known is not None else []
+        for key in unknown:
+            near = difflib.get_close_matches(str(key), sorted(known or ()), n=2, cutoff=0.5)
+            hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
+            warnings.warn(
+                f"{type(self).__name__}.reset ignores the option {key!r}: {hint}it reads {sorted(known or ())} "
+                f"(a subclass that reads more sets reset_options)",
+                UnknownOptionWarning,
+                stacklevel=3,
+            )
+
     def validate_action(self, action: Any) -> np.ndarray:
         """The action as a 1-D int64 array of in-vocabulary ids, or a ValueError that says what was
         passed and how to make token ids of it (text and tokenizer outputs are the usual mistakes)."""

@@ -170,6 +170,8 @@ class ReplayEnv(ChatEnv):
         tools: overrides the transcript's tools.
     """
 
+    reset_options = frozenset({"transcript"})
+
     def __init__(
         self,
         tokenizer: Any,

@@ -389,3 +389,18 @@ def test_replay_reset_with_a_prompt_only_ends_at_the_first_step(qwen25):
     action = env.renderer.assistant({"role": "assistant", "content": "hello"}).ids
     _, _, terminated, truncated, info = env.step(action)
     assert terminated and not truncated and info["replay"] == "transcript exhausted"
+
+
+def test_a_reset_option_the_env_does_not_read_is_said_with_the_near_name(qwen25):
+    import warnings
+
+    from tokengym.envs import CalculatorEnv
+    from tokengym.envs.chat import UnknownOptionWarning
+
+    env = CalculatorEnv(qwen25)
+    with pytest.warns(UnknownOptionWarning, match=r"CalculatorEnv.reset ignores the option 'idx': did you mean 'index'\?"):
+        env.reset(seed=0, options={"idx": 0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnknownOptionWarning)
+        env.reset(seed=0, options={"index": 0, "difficulty": 2})
+        Echo(qwen25).reset(seed=0, options={"anything": 1})  # an env that does not declare its options: any key

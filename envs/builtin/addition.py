@@ -57,6 +57,8 @@ class AdditionEnv(ChatEnv):
         **kwargs: as for :class:`~tokengym.envs.ChatEnv` (``max_turns`` is 1).
     """
 
+    reset_options = frozenset({"a", "b"})
+
     def __init__(self, tokenizer: Any, low: int = 0, high: int = 20, **kwargs: Any) -> None:
         if not 0 <= low <= high:
             raise ValueError(f"need 0 <= low <= high, got low={low}, high={high}")

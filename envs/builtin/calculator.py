@@ -375,6 +375,8 @@ class CalculatorEnv(ToolEnv):
         **kwargs: as for :class:`~tokengym.envs.ToolEnv` (``max_turns`` defaults to 6).
     """
 
+    reset_options = frozenset({"task", "index", "difficulty", "problem_seed"})
+
     def __init__(self, tokenizer: Any, difficulty: int = 1, few_shot: int = 0, **kwargs: Any) -> None:
         if difficulty not in _LEVELS:
             raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")

@@ -119,6 +119,8 @@ class KeyValueEnv(ToolEnv):
     :attr:`store` is the current episode's store.
     """
 
+    reset_options = frozenset({"task", "index", "difficulty", "problem_seed"})
+
     def __init__(self, tokenizer: Any, difficulty: int = 1, **kwargs: Any) -> None:
         if difficulty not in _HOPS:
             raise ValueError(f"difficulty must be one of {tuple(_HOPS)}, got {difficulty!r}")

@@ -264,6 +264,8 @@ class PythonSandboxEnv(SandboxToolEnv):
         **kwargs: as for :class:`~tokengym.envs.ToolEnv` (``max_turns`` defaults to 10).
     """
 
+    reset_options = frozenset({"task", "index", "task_id"})
+
     def __init__(
         self,
         tokenizer: Any,

@@ -296,6 +296,8 @@ class ShellEnv(SandboxToolEnv):
     ``reset(options={"problem_seed": s, "kind": k})`` picks a task; ``{"task": {...}}`` sets one.
     """
 
+    reset_options = frozenset({"task", "index", "kind", "problem_seed"})
+
     default_tools = ("run_shell", "read_file", "write_file")
 
     def __init__(self, tokenizer: Any, kinds: tuple[str, ...] | list[str] | None = None, **kwargs: Any) -> None:

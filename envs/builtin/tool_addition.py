@@ -75,6 +75,8 @@ class ToolAdditionEnv(ToolEnv):
         **kwargs: as for :class:`~tokengym.envs.ToolEnv` (``max_turns`` defaults to 2).
     """
 
+    reset_options = frozenset({"a", "b", "task", "index"})
+
     def __init__(
         self,
         tokenizer: Any,

@@ -12,6 +12,8 @@ episodes fall in two interleaved GRPO groups of three.
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import re
 from pathlib import Path
@@ -43,18 +45,21 @@ G = 3  # episodes per group (verl's rollout.n)
 EPISODES = 2 * G
 
 
+class GroupedReplay(ReplayEnv):
+    """Replay-v0 whose task id puts episode ``seed`` in group ``seed % 2`` (so the two groups
+    interleave in the batch); the env's own task, which its reset record carries to the recorder."""
+
+    def make_prompt(self, options):
+        prompt = super().make_prompt(options)
+        return dataclasses.replace(prompt, task={**prompt.task, "id": f"group-{self.reset_seed % 2}"})
+
+
 class AsciiReward(gym.Wrapper):
-    """A turn's reward is the share of its tokens that decode to ASCII; the task id puts
-    episode ``seed`` in group ``seed % 2`` (so the two groups interleave in the batch)."""
+    """A turn's reward is the share of its tokens that decode to ASCII."""
 
     def __init__(self, env, ascii_token):
         super().__init__(env)
         self.ascii_token = ascii_token
-
-    def reset(self, *, seed=None, options=None):
-        obs, info = self.env.reset(seed=seed, options=options)
-        info["task"] = {**info.get("task", {}), "id": f"group-{seed % 2}"}
-        return obs, info
 
     def step(self, action):
         obs, _, terminated, truncated, info = self.env.step(action)
@@ -72,7 +77,7 @@ def recorded(qwen3):
     model = Qwen3ForCausalLM(config).eval()  # eval: no dropout, rollout and training compute one function
     ascii_token = np.array([qwen3.decode([i]).isascii() for i in range(len(qwen3))])
     result = rollout(
-        lambda: AsciiReward(ReplayEnv(qwen3, max_turns=2), ascii_token),
+        lambda: AsciiReward(GroupedReplay(qwen3, max_turns=2), ascii_token),
         HFPolicy(model, qwen3),
         episodes=EPISODES, concurrency=EPISODES, sampling=SamplingParams(max_tokens=8), seed=0, progress=False,
     )

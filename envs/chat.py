@@ -10,7 +10,6 @@ what the environment answers (:meth:`ChatEnv.respond`); the base does all tokeni
 from __future__ import annotations
 
 import copy
-import difflib
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -34,6 +33,7 @@ from .conformance import (
     is_scheduled,
     next_scheduled,
 )
+from .near_names import did_you_mean
 from .plain_copy import plain_copy
 from .render import ChatRenderer, Message, TemplateError
 from .step_record import EPISODE_FACTS, RECORD, ClosedBy, ResetRecord, StepRecord, ToolReward
@@ -319,6 +319,11 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             response = self.respond(
                 AssistantTurn(turn, ids.copy(), text, closed_by, list(self._messages))
             )
+            if not math.isfinite(float(response.reward)):
+                raise ValueError(
+                    f"{type(self).__name__}.respond() returned a non-finite reward ({float(response.reward)}) on turn "
+                    f"{turn}: a reward must be a finite number (a NaN would poison every advantage of its group)"
+                )
             if response.done:
                 stop_reason = "done"
             elif response.stop_reason:
@@ -362,11 +367,6 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self._done = done
         terminated = stop_reason == "done"
         reward = float(response.reward)
-        if not math.isfinite(reward):
-            raise ValueError(
-                f"{type(self).__name__}.respond() returned a non-finite reward ({reward}) on turn {turn}: "
-                "a reward must be a finite number (a NaN would poison every advantage of its group)"
-            )
         extra = plain_copy(response.info)
         record = StepRecord(
             turn=turn,
@@ -401,8 +401,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         known = self.reset_options
         unknown = sorted(set(options) - known) if known is not None else []
         for key in unknown:
-            near = difflib.get_close_matches(str(key), sorted(known or ()), n=2, cutoff=0.5)
-            hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
+            hint = did_you_mean(key, known or (), cutoff=0.5)
             warnings.warn(
                 f"{type(self).__name__}.reset ignores the option {key!r}: {hint}it reads {sorted(known or ())} "
                 f"(a subclass that reads more sets reset_options)",

@@ -20,18 +20,20 @@ resolves through, in order:
 from __future__ import annotations
 
 import contextlib
-import difflib
 import importlib
 import importlib.util
+import inspect
+import re
 import sys
-from collections.abc import Iterator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Any
 
 import gymnasium as gym
 from gymnasium.envs.registration import register, registry
+
+from .near_names import did_you_mean
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -199,8 +201,7 @@ def resolve_env_id(spec: str, imports: Sequence[str] = ()) -> str:
     try:
         return gym.spec(env_id).id
     except gym.error.Error as err:
-        near = difflib.get_close_matches(env_id, list(registry), n=2, cutoff=0.85)
-        hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
+        hint = did_you_mean(env_id, registry, cutoff=0.85)
         raise ValueError(
             f"unknown environment {env_id!r} ({err}). {hint}An env is found when a module that registers it "
             f"is imported (write MODULE:{env_id}, or pass --import MODULE) or when an installed package "
@@ -225,9 +226,6 @@ def make_env(spec: str, imports: Sequence[str] = (), kwargs: Mapping[str, Any] |
 def _near_kwarg(env_id: str, err: TypeError) -> str:
     """``"; did you mean 'max_turns'?"`` for a misspelled keyword argument of the env (and of the
     classes it passes its keywords on to), else ``""``."""
-    import inspect
-    import re
-
     bad = re.search(r"unexpected keyword argument '(\w+)'", str(err))
     entry = gym.spec(env_id).entry_point
     if bad is None or not isinstance(entry, str):
@@ -244,8 +242,8 @@ def _near_kwarg(env_id: str, err: TypeError) -> str:
             names.update(p for p in inspect.signature(init).parameters if p not in ("self", "args", "kwargs"))
         except (TypeError, ValueError):
             continue
-    near = difflib.get_close_matches(bad.group(1), sorted(names), n=2, cutoff=0.7)
-    return f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+    hint = did_you_mean(bad.group(1), names, cutoff=0.7)
+    return f"; {hint.rstrip()}" if hint else ""
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ class MissingLogprobsWarning(UserWarning):
 
 def logprobs_present(trajs: Sequence[Trajectory]) -> np.ndarray:
     """Per trajectory: every action of it was recorded with its logprobs (bool array)."""
-    return np.array([all(a.logprobs is not None for a in t.actions) for t in trajs], dtype=bool)
+    return np.array([t.has_logprobs or not t.actions for t in trajs], dtype=bool)
 
 
 def _warn_missing_logprobs(present: np.ndarray, layout: str) -> None:

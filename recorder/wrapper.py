@@ -63,7 +63,6 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         self._sequences: list[Trajectory] = []
         self._finished: list[Trajectory] = []
         self._seed = seed
-        self._turn = 0
         self._conformance: list[dict[str, Any]] = []
         self._task = reset_record(info).task
         self._tool_rewards: list[ToolReward] = []
@@ -97,7 +96,6 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         self._tool_rewards.extend(record.tool_rewards)
         target = self._sequences[-1].conformance if reset else self._conformance
         target.append(record.conformance.as_dict())
-        self._turn = turn + 1
         if terminated or truncated:
             info["trajectory"] = self._finish(record, terminated, truncated)
             if len(self._finished) > 1:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,6 +217,12 @@ def _means(trajs: list[Trajectory], metrics: Metrics | None) -> tuple[float, dic
     return reward, {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
 
 
+def _episode_means(episodes: Sequence[EvalEpisode]) -> tuple[float, dict[str, float]]:
+    """The mean reward and metrics of evaluated episodes (each episode's metrics computed once)."""
+    reward = float(np.mean([e.reward for e in episodes]))
+    return reward, {k: float(np.mean([e.metrics[k] for e in episodes])) for k in episodes[0].metrics}
+
+
 def _run(make_env: Any, policy: Any, *, episodes: int, group_size: int, sampling: SamplingParams, seed: int) -> list[Trajectory]:
     result = rollout(
         make_env, policy, episodes=episodes, group_size=group_size, concurrency=episodes,
@@ -266,17 +272,14 @@ def train_grpo(
     def evaluate(after: int) -> None:
         with torch.no_grad():
             trajs = _run(make_env, policy, episodes=c.eval_episodes, group_size=1, sampling=c.eval_sampling, seed=c.eval_seed)
-        unseen = [t for t in trajs if t.metadata.get("task_id") is None or t.metadata["task_id"] not in trained]
-        if unseen:
-            unseen_reward, unseen_metrics = _means(unseen, metrics)
-        else:
-            unseen_reward, unseen_metrics = float("nan"), {}
         episodes = tuple(
             EvalEpisode(t.metadata.get("task_id"), float(t.reward), dict(metrics(t)) if metrics is not None else {})
             for t in trajs
         )
+        unseen = [e for e in episodes if e.task_id is None or e.task_id not in trained]
+        unseen_reward, unseen_metrics = _episode_means(unseen) if unseen else (float("nan"), {})
         log = EvalLog(
-            after, *_means(trajs, metrics), len(trajs) - len(unseen), unseen_reward, unseen_metrics,
+            after, *_episode_means(episodes), len(episodes) - len(unseen), unseen_reward, unseen_metrics,
             episodes, frozenset(trained),
         )
         run.evals.append(log)

@@ -178,6 +178,10 @@ class Tool:
     @property
     def schema(self) -> dict[str, Any]:
         """The OpenAI-style schema chat templates render: ``{"type": "function", "function": {...}}``."""
+        return copy.deepcopy(self._built_schema())
+
+    def _built_schema(self) -> dict[str, Any]:
+        """The schema, built once; callers here only read it (``schema`` hands out copies)."""
         if self._schema is None:
             if self._override is not None:
                 schema = copy.deepcopy(self._override)
@@ -197,7 +201,7 @@ class Tool:
             if self._description is not None:
                 schema["function"]["description"] = self._description
             self._schema = schema
-        return copy.deepcopy(self._schema)
+        return self._schema
 
     @property
     def name(self) -> str:
@@ -206,12 +210,18 @@ class Tool:
             return self._name
         if self._override is not None:
             return str(self._override["function"]["name"])
-        return self.schema["function"]["name"]
+        return str(self._built_schema()["function"]["name"])
 
     @property
     def parameters(self) -> dict[str, Any] | None:
-        """The JSON schema of the arguments, or ``None`` for a tool without parameters."""
-        return self.schema["function"].get("parameters")
+        """The JSON schema of the arguments, or ``None`` for a tool without parameters (a copy)."""
+        return copy.deepcopy(self.argument_schema)
+
+    @property
+    def argument_schema(self) -> Mapping[str, Any] | None:
+        """:attr:`parameters` itself, not a copy, for code that only reads it (the tool runner's
+        argument check, every call): do not modify it."""
+        return self._built_schema()["function"].get("parameters")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)

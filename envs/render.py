@@ -31,10 +31,12 @@ template's own text becomes control tokens.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import secrets
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -89,6 +91,22 @@ def _tool_names(tools: Sequence[Any]) -> list[str]:
 
 def _tools_key(tools: Sequence[Any] | None) -> str:
     return json.dumps(list(tools), sort_keys=True, default=str) if tools else ""
+
+
+_PROBED: weakref.WeakValueDictionary[tuple[Any, ...], ChatRenderer] = weakref.WeakValueDictionary()
+"""The first renderer of each (tokenizer, template, variables), while it lives: the twin later ones adopt."""
+
+
+def _probe_key(
+    kind: type, tok: Any, chat_template: str | None, template_kwargs: Mapping[str, Any] | None, require_tools: bool
+) -> tuple[Any, ...] | None:
+    """What a renderer's probe depends on, or None when the variables are not plain JSON data (not shared)."""
+    try:
+        variables = json.dumps(dict(template_kwargs or {}), sort_keys=True)
+        template = json.dumps(chat_template if chat_template else getattr(tok, "chat_template", None), sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    return (kind, id(tok), len(tok), template, variables, bool(require_tools))
 
 
 def _alternation(strings: Sequence[str]) -> str:
@@ -226,6 +244,11 @@ class ChatRenderer:
                 "chat_template=... (a Jinja string), or use the tool-capable ChatML template tokengym "
                 "ships: chat_template=tokengym.envs.templates.CHATML_TOOLS"
             )
+        key = _probe_key(type(self), tok, chat_template, template_kwargs, require_tools_in_prompt)
+        twin = _PROBED.get(key) if key is not None else None
+        if twin is not None and twin.tokenizer is tok:
+            self._adopt(twin)
+            return
         self.tokenizer = tok
         self.chat_template = chat_template
         self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
@@ -267,6 +290,24 @@ class ChatRenderer:
         self._turn_controls: frozenset[str] | None = None
         self._prompt_only: tuple[str, str] | None | bool = False  # False: not probed yet (picklable)
         self._probe()
+        if key is not None:
+            _PROBED[key] = self
+
+    def _adopt(self, twin: ChatRenderer) -> None:
+        """Take what ``twin`` found of the same tokenizer and template, instead of probing again.
+
+        Everything a renderer learns is a fact of its tokenizer, template and variables (the
+        probe's results, the backends built for literal text, the caches of renders), so envs of
+        one tokenizer share it: probing cost ~80% of building an env once the template's compile
+        was shared, and a run builds one env per slot. Containers are copied (no renderer writes
+        into another's); the whole-conversation renderer, which keeps one conversation's state,
+        is this renderer's own.
+        """
+        state = {k: copy.copy(v) if type(v) in (dict, set, list) else v for k, v in vars(twin).items()}
+        whole = state.pop("_whole_renderer", None)
+        self.__dict__.update(state)
+        if whole is not None:
+            self._whole_renderer = whole.for_renderer(self)
 
     # ------------------------------------------------------------------ probing
     def _probe(self) -> None:

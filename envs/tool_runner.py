@@ -6,12 +6,15 @@ checks, result text) because running is where threads, event loops and deadlines
 :class:`ToolRunner` executes all calls of a turn concurrently, results in call order, each
 under its own timeout:
 
-* sync tools run in a fresh daemon thread each; the caller waits until the call's deadline
-  and no longer. A thread that is still running then is **abandoned**: Python cannot kill a
-  thread, so it keeps running in the background until its function returns (or the process
-  exits, since it is a daemon thread), and whatever it returns is discarded. The rollout
-  never waits for it. :func:`abandoned_threads` says how many are still alive. A tool that
-  may hang for good should be async (cancellable) or run its work in a subprocess.
+* sync tools run in daemon worker threads, one call per thread at a time: an idle worker
+  takes the call, or a new one starts (a thread start per call cost ~15% of a calculator
+  env's step; at most :data:`IDLE_WORKERS` idle workers wait for the next call). The caller
+  waits until the call's deadline and no longer. A call that is still running then is
+  **abandoned**: Python cannot kill a thread, so it keeps running in the background until
+  its function returns (or the process exits, since it is a daemon thread), and whatever it
+  returns is discarded; its worker takes no other call until then. The rollout never waits
+  for it. :func:`abandoned_threads` says how many are still running. A tool that may hang
+  for good should be async (cancellable) or run its work in a subprocess.
 * async tools run on the runner's own event loop thread under ``asyncio.wait_for``, so a
   timeout really cancels them. A coroutine that blocks the loop (a sync sleep inside
   ``async def``) is caught by the same deadline from the caller's side, but it stalls the
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import queue
 import threading
 import time
 import weakref
@@ -62,14 +66,40 @@ def _error_text(name: str, err: BaseException) -> str:
 def _seconds(t: float) -> str:
     return f"{t:g} s"
 
-_ABANDONED: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+_ABANDONED: set[concurrent.futures.Future] = set()
 _ABANDONED_LOCK = threading.Lock()
+IDLE_WORKERS = 64
+"""The most idle sync-tool worker threads kept for later calls; more exit when their call returns."""
+_IDLE: list[queue.SimpleQueue] = []
+_IDLE_LOCK = threading.Lock()
 
 
 def abandoned_threads() -> int:
-    """How many timed-out sync tool threads are still running in the background."""
+    """How many timed-out sync tool calls are still running in the background (one thread each)."""
     with _ABANDONED_LOCK:
-        return sum(t.is_alive() for t in list(_ABANDONED))
+        _ABANDONED.difference_update([f for f in _ABANDONED if f.done()])
+        return len(_ABANDONED)
+
+
+def _submit_sync(fut: concurrent.futures.Future, fn: Callable[..., Any], args: dict[str, Any]) -> None:
+    """Run ``fn(**args)`` into ``fut`` on an idle worker, or on a new one when none is idle."""
+    with _IDLE_LOCK:
+        inbox = _IDLE.pop() if _IDLE else None
+    if inbox is None:
+        inbox = queue.SimpleQueue()
+        threading.Thread(target=_work, args=(inbox,), name="tokengym-tool", daemon=True).start()
+    inbox.put((fut, fn, args))
+
+
+def _work(inbox: queue.SimpleQueue) -> None:
+    while True:
+        job = inbox.get()
+        _run_sync(*job)
+        del job  # the call's arguments and result are not kept alive by an idle worker
+        with _IDLE_LOCK:
+            if len(_IDLE) >= IDLE_WORKERS:
+                return
+            _IDLE.append(inbox)
 
 
 def _run_sync(fut: concurrent.futures.Future, fn: Callable[..., Any], args: dict[str, Any]) -> None:
@@ -127,7 +157,7 @@ class _Pending:
     future: concurrent.futures.Future
     deadline: float
     timeout: float
-    thread: threading.Thread | None = None
+    sync: bool = False
 
 
 class ToolRunner:
@@ -177,11 +207,8 @@ class ToolRunner:
             fut = asyncio.run_coroutine_threadsafe(asyncio.wait_for(_awaited(coro), timeout), loop)
             return _Pending(index, tool, fut, start + timeout + self.grace, timeout)
         fut = concurrent.futures.Future()
-        thread = threading.Thread(
-            target=_run_sync, args=(fut, tool.fn, args), name=f"tokengym-tool-{tool.name}", daemon=True
-        )
-        thread.start()
-        return _Pending(index, tool, fut, start + timeout, timeout, thread)
+        _submit_sync(fut, tool.fn, args)
+        return _Pending(index, tool, fut, start + timeout, timeout, sync=True)
 
     def _finish(self, p: _Pending) -> ToolOutcome:
         name = p.tool.name
@@ -189,9 +216,9 @@ class ToolRunner:
             value = p.future.result(timeout=max(0.0, p.deadline - time.monotonic()))
         except (concurrent.futures.TimeoutError, TimeoutError):
             p.future.cancel()  # cancels the coroutine on the loop; a running thread is abandoned
-            if p.thread is not None and p.thread.is_alive():
+            if p.sync and not p.future.done():
                 with _ABANDONED_LOCK:
-                    _ABANDONED.add(p.thread)
+                    _ABANDONED.add(p.future)
             return ToolOutcome("timeout", f"Error: {name} timed out after {_seconds(p.timeout)}; its result is discarded.")
         except concurrent.futures.CancelledError:
             return ToolOutcome("error", f"Error: {name} was cancelled.")
@@ -218,7 +245,7 @@ class ToolRunner:
             if t is None:
                 outcomes[i] = ToolOutcome("unknown_tool", unknown_tool_text(call.name, table))
                 continue
-            args, problems = check_arguments(t.parameters, call.arguments)
+            args, problems = check_arguments(t.argument_schema, call.arguments)
             if problems:
                 outcomes[i] = ToolOutcome("invalid_arguments", f"Error: {t.name}: {'; '.join(problems)}.")
                 continue

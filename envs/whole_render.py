@@ -166,6 +166,26 @@ def _memo_sandbox_class(base: type) -> type:
     return MemoSandbox
 
 
+_SHARED: dict[tuple[int, str], tuple[Any, Any]] = {}
+"""(id of transformers' compiled template, source) -> (that template, ours): one compile per process."""
+
+
+def _shared_template(reference: Any, source: str) -> Any:
+    """The memoizing sandbox's template of ``source``, compiled once per process and shared by every
+    renderer of it: its remembered decisions are functions of types alone (see :func:`_memo_sandbox_class`),
+    true for every env, and compiling the same template again cost ~85% of building an env."""
+    key = (id(reference), source)
+    found = _SHARED.get(key)
+    if found is not None and found[0] is reference:  # the id is of a template still alive: held here
+        return found[1]
+    environment = reference.environment.overlay()
+    environment.__class__ = _memo_sandbox_class(type(reference.environment))
+    environment._decisions, environment._reads = {}, {}
+    template = environment.from_string(source)
+    _SHARED[key] = (reference, template)  # a race compiles twice and keeps either: both are the same template
+    return template
+
+
 class WholeRenderer:
     """Renders whole conversations to the text ``apply_chat_template(..., tokenize=False)`` gives,
     with the renderer's template and template variables (see the module's docstring)."""
@@ -199,6 +219,19 @@ class WholeRenderer:
             self._probe()
         if self.unavailable is not None:
             self._warn_unavailable(stacklevel=4)
+
+    def for_renderer(self, renderer: ChatRenderer) -> WholeRenderer:
+        """A renderer of ``renderer``'s conversations with this one's probe verdict and compiled
+        templates (``renderer`` adopted this one's renderer: the same tokenizer and template), and
+        none of its conversation's state."""
+        twin = object.__new__(WholeRenderer)
+        twin.renderer = renderer
+        twin.unavailable = self.unavailable
+        twin._compiled = dict(self._compiled)
+        twin._forms = []
+        twin._helpers = self._helpers
+        twin._plain_steps = self._plain_steps
+        return twin
 
     def _warn_unavailable(self, *, stacklevel: int) -> None:
         """Say once, when it is found, why renders go through ``apply_chat_template`` from now on."""
@@ -270,10 +303,7 @@ class WholeRenderer:
                     "rules may not depend on types alone"
                 )
                 raise TemplateError(self.unavailable)
-            environment = reference.environment.overlay()
-            environment.__class__ = _memo_sandbox_class(type(reference.environment))
-            environment._decisions, environment._reads = {}, {}
-            template = self._compiled[source] = environment.from_string(source)
+            template = self._compiled[source] = _shared_template(reference, source)
         return template
 
     def _render(

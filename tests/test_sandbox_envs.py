@@ -512,7 +512,8 @@ def test_200_episodes_leave_no_process_directory_fd_or_thread(qwen25):
     act_shell = templated("", call("run_shell", command=leftovers))
     act_python = templated("", call("run_python", code="import subprocess\nsubprocess.Popen(['sleep', '300'])\nprint('ok')"))
     act_final = templated("No code, sorry.")
-    env.reset(seed=0)  # warm up (probe, lazy imports)
+    env.reset(seed=0)  # warm up (probe, lazy imports, the tool runner's idle worker thread)
+    env.step(act_python(env))
     env.step(act_final(env))
     procs, dirs, fds, threads = sandbox_processes(), sandbox_dirs(), fd_targets(), threading.active_count()
     for i in range(200):

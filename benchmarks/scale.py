@@ -1,0 +1,222 @@
+"""The cost of scale: the local driver's CPU and memory per turn at 10 to 4,000 episodes in flight.
+
+Why: one GPU serving a small model at short tool turns asks for well over a thousand turns a
+second. Everything around the engine (the env's step, recording, the driver's bookkeeping)
+runs in one Python process on one core; if a turn costs milliseconds there, the driver, not
+the engine, sets the pace. This measures that share with no engine at all: a scripted policy
+whose reply is ready at once, so every CPU second is the driver's and the env's.
+
+Workload: ``tokengym/Calculator-v0`` with the real Qwen3 tokenizer and chat template, every
+turn one ``calculate`` call (the same tokens each turn), ``max_turns=8``, no store. At each
+size N, N episodes run with ``concurrency=N`` (all in flight at once), each in its own
+subprocess so that the resident memory of one size does not carry into the next.
+
+Side by side, in the same subprocess and on the same episodes:
+
+* **bare step**: N envs, ``reset`` then ``env.step(action)`` with the same action ids for 8
+  turns, no wrapper, no driver: the floor, what the env itself costs;
+* **rollout**: ``tokengym.recorder.rollout(...)`` at ``concurrency=N``: the env plus the
+  recorder (``RecordEpisodes``), the driver's slots, the request batcher and the event loop.
+
+Reported per size: CPU per turn of each (process time, envs built before the timer for the
+bare loop; inside it for rollout, as a user pays it), CPU per turn of rollout excluding the
+builds, the ratio of rollout to the bare step, the growth of rollout's per-turn CPU from the
+smallest size, resident memory per in-flight episode, and, from one long episode of 128
+turns under tracemalloc, the bytes the driver keeps per context token.
+
+Goals (the cost-of-scale issue), checked; the script exits 1 when one is missed:
+
+* CPU per turn of driver + env at 1,000 in flight <= 0.5 ms, and <= 1.5x the bare step;
+* flat from the smallest to the largest size (ratio <= 1.2);
+* <= 16 B per context token per in-flight episode.
+
+    python benchmarks/scale.py                      # 10, 100, 1000, 4000 in flight
+    python benchmarks/scale.py --sizes 10 100 --json out.json
+
+What it leaves out: a model (generation time and its variance), tool latency, the store, and
+the Ray backend (env steps in worker processes there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import tracemalloc
+from typing import Any
+
+TURNS = 8
+LONG_TURNS = 128
+GOAL_MS = 0.5
+GOAL_RATIO = 1.5
+GOAL_FLAT = 1.2
+GOAL_BYTES_PER_TOKEN = 16.0
+CALL = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * (3 + 4)"}}\n</tool_call>'
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _setup(max_turns: int = TURNS) -> tuple[Any, list[int], Any]:
+    import gymnasium as gym
+
+    from tokengym.envs import load_tokenizer
+    from tokengym.policies import ScriptedPolicy
+
+    tok = load_tokenizer("qwen3")
+
+    def make_env() -> Any:
+        return gym.make("tokengym/Calculator-v0", tokenizer=tok, max_turns=max_turns, disable_env_checker=True)
+
+    env = make_env().unwrapped
+    action = env.renderer.encode_action_text(CALL) + list(env.renderer.turn_end_ids)
+    env.close()
+    policy = ScriptedPolicy(lambda ctx: action, name="scripted-call")
+    return make_env, action, policy
+
+
+def measure(n: int) -> dict[str, Any]:
+    """One size, in this process: the bare step loop, then rollout, on the same episodes."""
+    import numpy as np
+
+    from tokengym.recorder import rollout
+
+    make_env, action, policy = _setup()
+    act = np.array(action, dtype=np.int64)
+    make_env()  # warm: imports, the first template compile
+    rollout(make_env, policy, episodes=2, concurrency=2, progress=False)
+
+    t0 = time.process_time()
+    envs = [make_env() for _ in range(n)]
+    build_s = time.process_time() - t0
+    turns = 0
+    t0 = time.process_time()
+    for i, env in enumerate(envs):
+        env.reset(seed=i)
+        for _ in range(TURNS):
+            _obs, _r, term, trunc, _info = env.step(act)
+            turns += 1
+            if term or trunc:
+                break
+    bare_s = time.process_time() - t0
+    for env in envs:
+        env.close()
+    del envs
+    gc.collect()
+
+    rss0 = _rss_bytes()
+    peak = [rss0]
+
+    def on_episode(_traj: Any) -> None:  # sampled as episodes finish: all N are still held then
+        peak[0] = max(peak[0], _rss_bytes())
+
+    t0 = time.process_time()
+    res = rollout(make_env, policy, episodes=n, concurrency=n, progress=False, on_episode=on_episode)
+    run_s = time.process_time() - t0
+    assert res.stats.failed == 0, res.stats.errors[:3]
+    assert res.stats.turns == turns, (res.stats.turns, turns)
+    return {
+        "in_flight": n,
+        "turns": turns,
+        "bare_ms_per_turn": 1e3 * bare_s / turns,
+        "build_ms_per_env": 1e3 * build_s / n,
+        "rollout_ms_per_turn": 1e3 * run_s / turns,
+        "rollout_ms_per_turn_without_builds": 1e3 * (run_s - build_s) / turns,
+        "ratio_to_bare": run_s / bare_s,
+        "rss_per_episode_kb": (peak[0] - rss0) / n / 1024,
+        "context_tokens": int(np.mean([len(t.token_ids) for t in res.trajectories])),
+    }
+
+
+def bytes_per_token() -> dict[str, Any]:
+    """Memory one in-flight episode keeps per context token: tracemalloc after k and 2k turns of one long episode."""
+    from tokengym.policies import SamplingParams
+    from tokengym.recorder import RecordEpisodes
+    from tokengym.recorder.drivers.episodes import EpisodeSlot, plan_tasks
+
+    make_env, action, policy = _setup(max_turns=LONG_TURNS + 1)
+    base = SamplingParams(max_tokens=64)
+    slot = EpisodeSlot(RecordEpisodes(make_env(), keep=False))
+    task = plan_tasks([0], 0, base)[0]
+    gc.collect()
+    tracemalloc.start()
+    slot.begin(task)
+    marks: dict[int, tuple[int, int]] = {}
+    for turn in range(1, LONG_TURNS + 1):
+        gen = policy.generate([slot.stream], slot.params(base))[0]
+        assert slot.advance(gen, slot.step(gen)) is None
+        if turn in (LONG_TURNS // 2, LONG_TURNS):
+            gc.collect()
+            marks[turn] = (tracemalloc.get_traced_memory()[0], len(slot.stream))
+    tracemalloc.stop()
+    (m1, t1), (m2, t2) = marks[LONG_TURNS // 2], marks[LONG_TURNS]
+    return {"turns": LONG_TURNS, "tokens": t2, "bytes_per_token": (m2 - m1) / (t2 - t1)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000, 4000], help="episodes in flight")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a subprocess's single size
+    parser.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one is not None:
+        print(json.dumps(measure(args.one)))
+        return 0
+    if args.memory:
+        print(json.dumps(bytes_per_token()))
+        return 0
+
+    def sub(*flags: str) -> dict[str, Any]:
+        proc = subprocess.run([sys.executable, __file__, *flags], capture_output=True, text=True)
+        if proc.returncode:
+            sys.exit(f"{' '.join(flags)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    rows = []
+    for n in args.sizes:
+        rows.append(sub("--one", str(n)))
+        r = rows[-1]
+        print(f"  {n:>5} in flight: rollout {r['rollout_ms_per_turn']:.3f} ms/turn, bare {r['bare_ms_per_turn']:.3f}", file=sys.stderr)
+    mem = sub("--memory")
+    print(f"{'in flight':>9} | {'bare step':>9} | {'rollout':>8} | {'no builds':>9} | {'ratio':>5} | {'build/env':>9} | {'RSS/episode':>11} | tokens")
+    print(f"{'':>9} | {'ms/turn':>9} | {'ms/turn':>8} | {'ms/turn':>9} | {'':>5} | {'ms':>9} | {'kB':>11} |")
+    for r in rows:
+        print(
+            f"{r['in_flight']:>9} | {r['bare_ms_per_turn']:>9.3f} | {r['rollout_ms_per_turn']:>8.3f} | "
+            f"{r['rollout_ms_per_turn_without_builds']:>9.3f} | {r['ratio_to_bare']:>5.2f} | {r['build_ms_per_env']:>9.2f} | "
+            f"{r['rss_per_episode_kb']:>11.1f} | {r['context_tokens']}"
+        )
+    flat = max(r["rollout_ms_per_turn"] for r in rows) / rows[0]["rollout_ms_per_turn"]
+    print(f"growth of rollout's CPU per turn from {rows[0]['in_flight']} to {rows[-1]['in_flight']} in flight: {flat:.2f}x")
+    print(f"memory kept per context token (one episode of {mem['turns']} turns, {mem['tokens']} tokens): {mem['bytes_per_token']:.1f} B")
+
+    at = next((r for r in rows if r["in_flight"] == 1000), rows[-1])
+    goals = [
+        (f"CPU per turn at {at['in_flight']} in flight <= {GOAL_MS} ms", at["rollout_ms_per_turn"] <= GOAL_MS,
+         f"{at['rollout_ms_per_turn']:.3f} ms"),
+        (f"rollout <= {GOAL_RATIO}x the bare step at {at['in_flight']}", at["ratio_to_bare"] <= GOAL_RATIO,
+         f"{at['ratio_to_bare']:.2f}x"),
+        (f"flat from {rows[0]['in_flight']} to {rows[-1]['in_flight']} (<= {GOAL_FLAT}x)", flat <= GOAL_FLAT, f"{flat:.2f}x"),
+        (f"<= {GOAL_BYTES_PER_TOKEN:.0f} B per context token", mem["bytes_per_token"] <= GOAL_BYTES_PER_TOKEN,
+         f"{mem['bytes_per_token']:.1f} B"),
+    ]
+    missed = 0
+    for name, ok, got in goals:
+        print(f"goal: {name}: {'met' if ok else 'NOT met'} ({got})")
+        missed += not ok
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"sizes": rows, "memory": mem, "flat": flat, "goals": [
+                {"goal": g, "met": ok, "got": got} for g, ok, got in goals]}, fh, indent=2)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

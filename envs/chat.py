@@ -143,6 +143,12 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
+    step_waits: bool = True
+    """Whether a step may wait: on a tool's I/O, a sandbox, the network, a lock. A driver runs the
+    steps of an env that says False (and of wrappers that add no waiting) on its event loop's
+    thread, which saves a hop to a worker thread and back each turn, about as much as a light
+    env's whole step; a step that waits there would hold every other episode up. Say False
+    only for steps that are computation alone (the built-in calculator, addition, replay)."""
     reset_options: frozenset[str] | None = None
     """The ``reset`` option keys :meth:`make_prompt` reads; another key warns
     (:class:`UnknownOptionWarning`) with the near names: a misspelled option would otherwise run a

@@ -169,6 +169,7 @@ class ReplayEnv(ChatEnv):
             example when omitted. ``reset(options={"transcript": ...})`` replaces it per episode.
         tools: overrides the transcript's tools.
     """
+    step_waits = False  # replays a transcript held in memory
 
     reset_options = frozenset({"transcript"})
 

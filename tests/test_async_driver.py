@@ -307,3 +307,57 @@ def test_hf_policy_reports_every_sampled_token(qwen25):
     heard.clear()
     policy.generate(contexts, params)
     assert heard == []
+
+
+class StepThreads(gym.Wrapper):
+    """Records the thread of every step (and sleeps ``delay`` in it); says its steps do not wait."""
+
+    step_waits = False
+
+    def __init__(self, env: gym.Env, seen: list[threading.Thread], delay: float = 0.0) -> None:
+        super().__init__(env)
+        self.seen, self.delay = seen, delay
+
+    def step(self, action):
+        self.seen.append(threading.current_thread())
+        if self.delay:
+            time.sleep(self.delay)
+        return self.env.step(action)
+
+
+class UndeclaredStepThreads(StepThreads):
+    """The same, without saying anything of its steps (a wrapper's own class body must)."""
+
+
+def _stepped(qwen3, wrapper, episodes: int, delay: float = 0.0) -> tuple[list[threading.Thread], float, object]:
+    seen: list[threading.Thread] = []
+    start = time.perf_counter()
+    r = rollout(lambda: wrapper(ReplayEnv(qwen3, max_turns=3), seen, delay), ScriptedPolicy(lambda c: [151645]),
+                episodes=episodes, concurrency=episodes, progress=False)
+    assert r.stats.failed == 0 and len(seen) == r.stats.turns == 3 * episodes
+    return seen, time.perf_counter() - start, r
+
+
+def test_steps_of_envs_that_do_not_wait_run_on_the_loops_thread(qwen3):
+    seen, _, _ = _stepped(qwen3, StepThreads, 12)
+    assert set(seen) == {threading.current_thread()}  # no hop to a worker thread and back
+
+
+def test_steps_of_an_env_that_does_not_say_so_run_in_worker_threads(qwen3):
+    from tokengym.recorder.drivers.runner import steps_wait
+
+    seen, _, _ = _stepped(qwen3, UndeclaredStepThreads, 4)
+    assert threading.current_thread() not in seen
+    assert steps_wait(UndeclaredStepThreads(ReplayEnv(qwen3), [])) and not steps_wait(StepThreads(ReplayEnv(qwen3), []))
+    assert steps_wait(gym.wrappers.TimeLimit(CalculatorEnv(qwen3), 5)) is False
+    assert steps_wait(SlowTools(CalculatorEnv(qwen3), {})) is True
+
+
+def test_steps_that_say_they_do_not_wait_but_do_move_to_worker_threads_and_overlap(qwen3):
+    from tokengym.recorder.drivers.runner import INLINE_STALL_S
+
+    delay = 2 * INLINE_STALL_S
+    seen, wall, _ = _stepped(qwen3, StepThreads, 8, delay)
+    assert seen[0] is threading.current_thread()  # the first step, inline, showed that steps wait
+    assert all(t is not threading.current_thread() for t in seen[1:])
+    assert wall < 0.5 * len(seen) * delay  # the waits overlapped: not one after another

@@ -56,6 +56,7 @@ class AdditionEnv(ChatEnv):
             asks a given question instead.
         **kwargs: as for :class:`~tokengym.envs.ChatEnv` (``max_turns`` is 1).
     """
+    step_waits = False  # nothing but computation
 
     reset_options = frozenset({"a", "b"})
 

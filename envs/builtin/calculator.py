@@ -374,6 +374,7 @@ class CalculatorEnv(ToolEnv):
             question, after the system prompt.
         **kwargs: as for :class:`~tokengym.envs.ToolEnv` (``max_turns`` defaults to 6).
     """
+    step_waits = False  # the calculator is arithmetic in this process
 
     reset_options = frozenset({"task", "index", "difficulty", "problem_seed"})
 

@@ -118,6 +118,7 @@ class KeyValueEnv(ToolEnv):
 
     :attr:`store` is the current episode's store.
     """
+    step_waits = False  # its store is a dict in this process
 
     reset_options = frozenset({"task", "index", "difficulty", "problem_seed"})
 

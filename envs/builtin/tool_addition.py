@@ -74,6 +74,7 @@ class ToolAdditionEnv(ToolEnv):
             scale with it). Calls are parsed and checked against the schema either way.
         **kwargs: as for :class:`~tokengym.envs.ToolEnv` (``max_turns`` defaults to 2).
     """
+    step_waits = False  # its tool adds two numbers in this process
 
     reset_options = frozenset({"a", "b", "task", "index"})
 

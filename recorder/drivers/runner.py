@@ -8,7 +8,10 @@ with an :class:`~tokengym.recorder.drivers.episodes.EpisodeError`, never the run
 :func:`drive` runs many episodes, each as its own task: an episode submits its next turn as
 soon as its env step is done, and the policy batches whatever is in flight (continuous
 batching in an async engine; see :class:`~tokengym.policies.batching.RequestBatcher` for the
-others). Env steps run in worker threads, so tools overlap with generation. Turn seeds come
+others). Env steps run in worker threads, so that tools that wait overlap with generation and
+with each other; the steps of envs that say they do not wait (:func:`steps_wait`) run on the
+loop's thread instead (a hop to a worker thread and back cost more than a calculator env's step),
+until they are seen to wait after all (:data:`INLINE_WAIT_S`). Turn seeds come
 from each episode's :class:`~tokengym.recorder.drivers.episodes.EpisodeTask`, so the same seeds give
 the same trajectories however the episodes interleave.
 
@@ -20,10 +23,14 @@ no episode is recorded after the stop, the ones in flight are dropped whole.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import gymnasium as gym
 
 from tokengym.policies import Generation, SamplingParams
 from tokengym.policies.batching import PolicyInterrupted
@@ -32,12 +39,95 @@ from .episodes import EpisodeError, EpisodeSlot, EpisodeTask
 from ..stopping import stop_on_signals
 from ..trajectory import Trajectory
 
-__all__ = ["EngineLost", "Outcome", "drive", "play"]
+__all__ = ["INLINE_WAIT_S", "EngineLost", "Outcome", "drive", "play", "steps_wait"]
 
 Outcome = list[Trajectory] | EpisodeError
 """A finished episode's rows (one per context, usually one), or the record of what failed."""
 Generate = Callable[[list[int], SamplingParams], Awaitable[Generation]]
 Step = Callable[[EpisodeSlot, Generation], Awaitable[Any]]
+
+
+INLINE_WAIT_S = 0.0005
+"""The most the steps of envs that say they do not wait may wait, on average, and still run on the
+event loop's thread; past it (or once one step waits :data:`INLINE_STALL_S`), every later step of
+the run goes to worker threads. Waiting is a step's wall time less its own thread's CPU time and
+the garbage collector's (which pauses every thread alike)."""
+INLINE_STALL_S = 0.02
+INLINE_LEARN_STEPS = 8
+"""Steps of a run that are averaged before the mean wait decides (one long stall decides at once)."""
+
+
+class _GcClock:
+    """Seconds the garbage collector has run since :meth:`start`, in any thread."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._since = 0.0
+
+    def __call__(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._since = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._since
+
+    def start(self) -> None:
+        gc.callbacks.append(self)
+
+    def stop(self) -> None:
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+
+
+def _quiet_wrappers() -> frozenset[type]:
+    from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, RecordEpisodeStatistics, TimeLimit
+
+    from ..wrapper import RecordEpisodes
+
+    return frozenset({OrderEnforcing, PassiveEnvChecker, RecordEpisodeStatistics, TimeLimit, RecordEpisodes})
+
+
+def steps_wait(env: Any) -> bool:
+    """Whether ``env``'s step may wait: unless the unwrapped env says ``step_waits = False``
+    (:attr:`tokengym.envs.ChatEnv.step_waits`) and every wrapper around it is one known to add no
+    waiting (gymnasium's bookkeeping wrappers, the recorder) or says so in its own class body."""
+    quiet = _quiet_wrappers()
+    layer = env
+    while isinstance(layer, gym.Wrapper):
+        if type(layer) not in quiet and vars(type(layer)).get("step_waits", True) is not False:
+            return True
+        layer = layer.env
+    return getattr(layer, "step_waits", True) is not False
+
+
+class _StepPlace:
+    """Where a run's env steps run: on the loop's thread when they do not wait, else in ``pool``.
+
+    A hop to a worker thread and back cost more than a calculator env's whole step (0.45 ms a
+    turn at 1,000 in flight); a step that waits on a tool or a sandbox, run inline, would hold
+    every other episode up for as long. So steps run inline only when every env of the run says
+    its steps do not wait (:func:`steps_wait`), and even then the first sign of waiting (one step
+    waiting :data:`INLINE_STALL_S`, or a mean over :data:`INLINE_LEARN_STEPS` steps above
+    :data:`INLINE_WAIT_S`) sends the run's steps to worker threads for good.
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor, gc_clock: _GcClock, inline: bool) -> None:
+        self.pool = pool
+        self.gc = gc_clock
+        self.inline = inline
+        self.steps = 0
+        self.waited = 0.0
+
+    async def __call__(self, slot: EpisodeSlot, gen: Generation) -> Any:
+        if not self.inline:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, slot.step, gen)
+        gc0, cpu0, start = self.gc.total, time.thread_time(), time.perf_counter()
+        result = slot.step(gen)
+        wait = (time.perf_counter() - start) - (time.thread_time() - cpu0) - (self.gc.total - gc0)
+        self.steps += 1
+        self.waited += max(0.0, wait)
+        if wait > INLINE_STALL_S or (self.steps >= INLINE_LEARN_STEPS and self.waited > INLINE_WAIT_S * self.steps):
+            self.inline = False
+        return result
 
 
 class EngineLost(Exception):
@@ -159,8 +249,8 @@ def drive(
     gate = _Rounds(generate) if rounds else None
     turn = gate.generate if gate is not None else generate
 
-    async def in_thread(slot: EpisodeSlot, gen: Generation) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(pool, slot.step, gen)
+    gc_clock = _GcClock()
+    in_place = _StepPlace(pool, gc_clock, inline=not any(steps_wait(slot.env) for slot in slots))
 
     async def worker(slot: EpisodeSlot) -> None:
         for task in queue:
@@ -169,7 +259,7 @@ def drive(
             if gate is not None:
                 gate.enter()
             try:
-                outcome = await play(slot, task, base, turn, in_thread)
+                outcome = await play(slot, task, base, turn, in_place)
             finally:
                 if gate is not None:
                     gate.leave()
@@ -191,10 +281,12 @@ def drive(
             if fatal:
                 raise fatal[0]
 
+    gc_clock.start()
     try:
         with stop_on_signals(stop.set):
             _run(main(), stop)
     finally:
+        gc_clock.stop()
         pool.shutdown(wait=True)  # a step under way finishes before its env is closed
     return bool(stop)
 

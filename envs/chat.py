@@ -108,6 +108,14 @@ COMPLETION_BUDGET = "completion_budget"
 """The reset option that caps one episode's tokens after its prompt (see :meth:`ChatEnv.reset`)."""
 
 
+def frozen_ids(ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``ids`` as a new read-only int64 array: what an env returns and keeps, and the recorder keeps
+    too without a copy (no one can change it under the other), so a stream's ids are held once."""
+    out = np.array(ids, dtype=np.int64)
+    out.setflags(write=False)
+    return out
+
+
 class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
     """Base class for chat environments whose observations and actions are token ids.
 
@@ -281,7 +289,8 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self._prompt = prompt
         self._tools = prompt.tools
         self._messages: list[Message] = copy.deepcopy(prompt.messages)
-        self._pieces = [Piece("prompt", 0, tuple(rendered.ids), rendered.text, has_user=True)]
+        prompt_ids = frozen_ids(rendered.ids)
+        self._pieces = [Piece("prompt", 0, prompt_ids, rendered.text, has_user=True)]
         self._num_tokens = len(rendered.ids)
         self._turn = 0
         self._done = False
@@ -298,7 +307,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             "remaining_context": record.remaining_context,
             RECORD: record,
         }
-        return np.array(rendered.ids, dtype=np.int64), info
+        return prompt_ids, info
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self._pieces is None:
@@ -310,7 +319,8 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         content_ids, closed_by = self._split_closing(ids)
         text = self.renderer.decode(content_ids)
         assistant: Message = {"role": "assistant", "content": text}
-        self._pieces.append(Piece("action", turn, tuple(ids.tolist()), self.renderer.decode(ids)))
+        ids.setflags(write=False)  # validate_action's own copy: the piece and the step record share it
+        self._pieces.append(Piece("action", turn, ids, self.renderer.decode(ids)))
         self._num_tokens += len(ids)
         self._messages.append(assistant)
 
@@ -343,7 +353,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                     **assistant, "content": None, "tool_calls": plain_copy(list(response.tool_calls))
                 }
 
-        obs_ids: list[int] = []
+        obs_ids: list[int] | np.ndarray = []
         context_reset = False
         if stop_reason is None:
             new = [dict(m) for m in response.messages]
@@ -359,11 +369,12 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 stop_reason, obs_ids, context_reset = "context_length", [], False
             else:
                 has_user = any(m.get("role") == "user" for m in new)
+                obs_ids = frozen_ids(obs_ids)
                 if context_reset:  # the deployed context is not an extension of this one: a new sequence
-                    self._pieces = [Piece("prompt", turn, tuple(obs_ids), obs_text, has_user=True)]
+                    self._pieces = [Piece("prompt", turn, obs_ids, obs_text, has_user=True)]
                     self._num_tokens = 0
                 else:
-                    self._pieces.append(Piece("observation", turn, tuple(obs_ids), obs_text, has_user=has_user, n_messages=len(new)))
+                    self._pieces.append(Piece("observation", turn, obs_ids, obs_text, has_user=has_user, n_messages=len(new)))
                 self._num_tokens += len(obs_ids)
                 self._messages.extend(plain_copy(new))
 
@@ -381,12 +392,14 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             num_action_tokens=len(ids),
             remaining_context=self._limit - self.num_tokens,
             conformance=conformance,
+            action_ids=ids,
             stop_reason=stop_reason,
             context_reset=context_reset,
             tool_rewards=_tool_rewards(turn, extra.get("tool_results")),
             episode_facts={k: copy.deepcopy(extra[k]) for k in EPISODE_FACTS if k in extra},
         )
-        return np.array(obs_ids, dtype=np.int64), reward, terminated, done and not terminated, _step_info(record, assistant, response, extra)
+        obs_out = obs_ids if isinstance(obs_ids, np.ndarray) else frozen_ids(obs_ids)
+        return obs_out, reward, terminated, done and not terminated, _step_info(record, assistant, response, extra)
 
     def render(self) -> str | None:
         """``"ansi"``: the stream's text with segment markers.
@@ -494,7 +507,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 self._tools,
                 deployed=True,
             )
-        current = [i for p in self._pieces for i in p.ids]
+        current = np.concatenate([p.ids for p in self._pieces]).tolist()
         if full.ids[: len(current)] == current:
             rest = list(full.ids[len(current):])
             text = "".join(p.text for p in self._pieces)

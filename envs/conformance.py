@@ -30,12 +30,15 @@ decisions remembered, so a check costs about a third of what it did through
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
+
+import numpy as np
 
 from .render import ChatRenderer, Message, TemplateError
 from .whole_render import whole_renderer
@@ -95,13 +98,15 @@ CAUSES: dict[str, str] = {
 """Why a template is not prefix-stable, in words, per :class:`KnownBehaviour` value."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Piece:
     """One tokenized piece of the stream and the text it was tokenized from."""
 
     kind: PieceKind
     turn: int
-    ids: tuple[int, ...]
+    ids: np.ndarray
+    """The piece's token ids: a read-only int64 array, the one the env returned (or took as the
+    action) and the recorder keeps, so the stream's ids are held once."""
     text: str
     has_user: bool = False  # an observation that renders a real user message
     n_messages: int = 1  # messages rendered in this piece (an observation may render none)
@@ -200,7 +205,7 @@ def _rewritten_ends(renderer: ChatRenderer, pieces: Sequence[Piece], final: bool
     out, turns = list(pieces), set()
     for i, p in enumerate(pieces):
         if p.kind == "action" and p.text.endswith(sampled) and not (final and i == last_action):
-            out[i] = Piece(p.kind, p.turn, p.ids, p.text[: -len(sampled)] + written, p.has_user, p.n_messages)
+            out[i] = dataclasses.replace(p, text=p.text[: -len(sampled)] + written)
             turns.add(p.turn)
     return out, tuple(sorted(turns))
 
@@ -540,7 +545,7 @@ def check_conformance(
         expected_text=exp_text,
         actual_text=act_text,
         expected_ids=tuple(renderer.encode(exp_text)[:16]),
-        actual_ids=tuple(piece.ids[in_piece : in_piece + 16]),
+        actual_ids=tuple(piece.ids[in_piece : in_piece + 16].tolist()),
         affected_turns=(piece.turn,),
         notes=notes,
     )
@@ -585,16 +590,16 @@ def _added_text_as_text(renderer: ChatRenderer, piece: Piece) -> bool:
     re-encoded: re-encoding each observation was most of the per-turn cost of ``warn``."""
     texts = renderer.count_added_texts(piece.text)
     added = renderer.added_ids
-    return texts > 0 and sum(1 for i in piece.ids if i in added) < texts
+    return texts > 0 and sum(1 for i in piece.ids.tolist() if i in added) < texts
 
 
 def _notes(renderer: ChatRenderer, pieces: Sequence[Piece], turn: int) -> tuple[str, ...]:
     """Facts worth knowing that are not template differences (about this turn's pieces)."""
     out = []
     for p in pieces[-2:] if turn else pieces[:3]:
-        if p.turn != turn or not p.ids:
+        if p.turn != turn or not len(p.ids):
             continue
-        if p.kind == "action" and renderer.encode(p.text) != list(p.ids):
+        if p.kind == "action" and renderer.encode(p.text) != p.ids.tolist():
             out.append(
                 "non_canonical_action: re-tokenizing the action's text gives other tokens "
                 "(a messages-in loop would train on tokens the policy never produced)"

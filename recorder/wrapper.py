@@ -23,6 +23,20 @@ from .trajectory import Trajectory
 __all__ = ["RecordEpisodes"]
 
 
+def _shareable(ids: Any) -> bool:
+    """Whether an env's array may be kept as it is: a read-only 1-D int64 array that owns its data
+    (what :func:`tokengym.envs.chat.frozen_ids` makes), which no one can change under the recorder."""
+    return (
+        isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1
+        and not ids.flags.writeable and ids.base is None
+    )
+
+
+def _kept(obs: Any) -> np.ndarray:
+    """The observation's ids to record: the env's own array when it is shareable, else a copy."""
+    return obs if _shareable(obs) else np.array(obs, dtype=np.int64)
+
+
 class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]):
     """Records each episode; finished ones are in :attr:`trajectories` and in the final step's ``info["trajectory"]``.
 
@@ -59,7 +73,7 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
-        self._segments = [Segment(SegmentKind.PROMPT, np.array(obs, dtype=np.int64), 0)]
+        self._segments = [Segment(SegmentKind.PROMPT, _kept(obs), 0)]
         self._sequences: list[Trajectory] = []
         self._finished: list[Trajectory] = []
         self._seed = seed
@@ -75,7 +89,8 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         ``"stop"``, ``"stop_string"`` or ``"length"``, when the caller knows them) and the observation."""
         if self._segments is None:
             raise ResetNeeded("call reset() before step()")
-        ids = np.array(action, dtype=np.int64, copy=True) if np.asarray(action).dtype.kind in "iu" else None
+        given = np.asarray(action)
+        ids = given if given.dtype.kind in "iu" else None
         if logprobs is not None and (ids is None or np.shape(logprobs) != ids.shape):
             raise ValueError(
                 f"logprobs must have one value per action token: {np.shape(logprobs)} for action of shape "
@@ -85,14 +100,18 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         assert ids is not None  # the env accepted the action, so it was integer ids
         record = step_record(info)
         turn = record.turn
+        kept = record.action_ids
+        if not (_shareable(kept) and np.array_equal(kept, ids)):  # the env keeps no copy we may share
+            kept = np.array(ids, dtype=np.int64, copy=True)
+        ids = kept
         self._segments.append(Segment(SegmentKind.ACTION, ids, turn, logprobs=logprobs, reward=float(reward), finish_reason=finish_reason))
         reset = record.context_reset and not (terminated or truncated)
         if reset:  # history="deploy": the next context is not an extension of this one; a new row
             self._sequences.append(self._trajectory(record, False, False, "context_reset"))
-            self._segments = [Segment(SegmentKind.PROMPT, np.array(obs, dtype=np.int64), turn + 1)]
+            self._segments = [Segment(SegmentKind.PROMPT, _kept(obs), turn + 1)]
             self._conformance = []
         elif len(obs):
-            self._segments.append(Segment(SegmentKind.OBSERVATION, np.array(obs, dtype=np.int64), turn))
+            self._segments.append(Segment(SegmentKind.OBSERVATION, _kept(obs), turn))
         self._tool_rewards.extend(record.tool_rewards)
         target = self._sequences[-1].conformance if reset else self._conformance
         target.append(record.conformance.as_dict())
@@ -142,6 +161,13 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
             metadata=metadata,
         )
         return traj
+
+    def context_ids(self) -> list[int]:
+        """The token ids of the episode's current context, what the policy continues next: the
+        recorded segments' ids (shared with the env where it keeps read-only arrays), joined."""
+        if self._segments is None:
+            raise ResetNeeded("no episode is under way: call reset() first")
+        return np.concatenate([s.token_ids for s in self._segments]).tolist()
 
     def pop_trajectories(self) -> list[Trajectory]:
         """Finished trajectories since the last call; the list is emptied."""

@@ -123,3 +123,39 @@ def test_wrapper_calls_back_and_handles_truncation(qwen25):
     assert env.trajectories == [] and len(seen) == 2
     assert seen[1].seed == 1 and seen[1].truncated and seen[1].stop_reason == "max_turns"
     assert seen[1].sampling == {"temperature": 1.0} and seen[1].num_turns == 2
+
+
+def test_the_stream_is_held_once_by_the_env_and_shared_with_the_recorder_and_the_driver(qwen25):
+    from tokengym.recorder.drivers.episodes import EpisodeSlot, plan_tasks
+
+    slot = EpisodeSlot(RecordEpisodes(ReplayEnv(qwen25, max_turns=3), keep=False))
+    slot.begin(plan_tasks([0], 0)[0])
+    env, rec = slot.env.unwrapped, slot.env
+    action = env.reference_action()
+    obs, *_ = rec.step(action)
+    pieces, segments = env._pieces, rec._segments
+    assert [p.kind for p in pieces] == [s.kind.value for s in segments] == ["prompt", "action", "observation"]
+    for p, s in zip(pieces, segments):
+        assert np.shares_memory(p.ids, s.token_ids) and not p.ids.flags.writeable  # one copy of the ids
+    assert np.shares_memory(obs, segments[2].token_ids)
+    assert not np.shares_memory(segments[1].token_ids, np.asarray(action))  # the caller's action is copied
+    assert slot.stream == np.concatenate([p.ids for p in pieces]).tolist()
+    with pytest.raises(ValueError, match="read-only"):
+        obs[0] = 1  # what the env returned is what it keeps: no one may change it
+
+
+def test_a_wrappers_writable_arrays_are_copied_by_the_recorder(qwen25):
+    class Writable(gym.Wrapper):
+        """Hands out writable copies of the env's arrays (and could change them later)."""
+
+        def reset(self, **kw):
+            obs, info = self.env.reset(**kw)
+            self.obs = np.array(obs)
+            return self.obs, info
+
+    rec = RecordEpisodes(Writable(ReplayEnv(qwen25, max_turns=3)))
+    obs, _ = rec.reset(seed=0)
+    first = obs.tolist()
+    assert not np.shares_memory(rec._segments[0].token_ids, obs)
+    obs[0] = 99  # the array changes after the fact: the record does not
+    assert rec._segments[0].token_ids.tolist() == first and rec.context_ids() == first

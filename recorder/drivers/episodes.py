@@ -283,7 +283,6 @@ class EpisodeSlot:
 
     env: RecordEpisodes
     episode: int = -1
-    stream: list[int] = field(default_factory=list)
     turn: int = 0
     remaining: int = 0
     task: EpisodeTask | None = None
@@ -301,9 +300,15 @@ class EpisodeSlot:
                     f"a completion budget needs an env with max_context_tokens; {type(self.env.unwrapped).__name__} has none"
                 )
             options = {**(options or {}), COMPLETION_BUDGET: task.completion_budget}
-        obs, info = self.env.reset(seed=task.reset_seed, options=options)
-        self.stream, self.turn = [int(i) for i in obs], 0
+        _obs, info = self.env.reset(seed=task.reset_seed, options=options)
+        self.turn = 0
         self.remaining = reset_record(info).remaining_context
+
+    @property
+    def stream(self) -> list[int]:
+        """The context the policy continues next: the recorder's segments, which share the env's
+        arrays (the stream is held once, as int64 arrays, not again as a list here)."""
+        return self.env.context_ids()
 
     def params(self, base: SamplingParams) -> SamplingParams:
         """The sampling settings of this slot's next turn."""
@@ -323,10 +328,6 @@ class EpisodeSlot:
         context with ``history="deploy"``)."""
         obs, _, terminated, truncated, info = checked_step(result)
         record = step_record(info)
-        if record.context_reset:
-            self.stream = obs.tolist()  # the next context is the whole observation
-        else:
-            self.stream += gen.token_ids.tolist() + obs.tolist()
         self.turn += 1
         self.remaining = record.remaining_context
         if not (terminated or truncated):

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs read; at run time each name loa
         group_signal,
         grpo_advantages,
     )
-    from .batches import MissingLogprobsWarning, PackedBatch, VerlBatch, to_packed, to_trl, to_verl
+    from .batches import BatchBuffers, MissingLogprobsWarning, PackedBatch, VerlBatch, to_packed, to_trl, to_verl
     from .learning import GRPOConfig, TrainingRun, train_grpo
     from .drivers.rollout import EpisodeError, RolloutResult, RolloutStats, rollout, summary_table
     from .segments import Segment, SegmentKind
@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {  # name -> the module that defines it (imported on 
     "group_by_task": ".advantages",
     "group_signal": ".advantages",
     "grpo_advantages": ".advantages",
+    "BatchBuffers": ".batches",
     "MissingLogprobsWarning": ".batches",
     "PackedBatch": ".batches",
     "VerlBatch": ".batches",
@@ -61,6 +62,7 @@ _EXPORTS: dict[str, str] = {  # name -> the module that defines it (imported on 
 }
 
 __all__ = [
+    "BatchBuffers",
     "EpisodeError",
     "GRPOAdvantages",
     "GRPOConfig",

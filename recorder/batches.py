@@ -49,6 +49,7 @@ __all__ = [
     "MissingLogprobsWarning",
     "NoGroupSignalWarning",
     "PackedBatch",
+    "BatchBuffers",
     "TokenView",
     "VerlBatch",
     "from_packed",
@@ -201,6 +202,40 @@ class VerlBatch:
         return int(self.tensors["responses"].shape[1])
 
 
+class BatchBuffers:
+    """Output memory that :func:`to_verl` writes into, kept from one call to the next.
+
+    Why: a fresh batch is new memory, and the first write to each of its pages is a page fault;
+    at 1,024 trajectories of 4 M tokens that was 1.69 s of a 1.81 s call, while the same call
+    into memory already touched takes a tenth of that. A trainer builds one batch per step, so
+    it can hand the same buffers to every call: ``buffers = BatchBuffers()`` once, then
+    ``to_verl(trajs, out=buffers)`` each step.
+
+    The batch's tensors are views of these buffers: the next call with the same ``out`` writes
+    over them. Keep a batch past the next call only as a copy (``tensor.clone()``). A buffer
+    grows when a batch needs more elements than it has (then that call is a fresh one again);
+    the tensors are always contiguous, of the batch's exact shape.
+    """
+
+    def __init__(self) -> None:
+        self._flat: dict[str, np.ndarray] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], dtype: Any, fill: int | float) -> np.ndarray:
+        """The buffer ``name`` as a contiguous array of ``shape``, every element set to ``fill``."""
+        n = int(np.prod(shape))
+        buf = self._flat.get(name)
+        if buf is None or buf.size < n or buf.dtype != np.dtype(dtype):
+            buf = self._flat[name] = np.empty(n, dtype=dtype)
+        out = buf[:n].reshape(shape)
+        out.fill(fill)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        return sum(b.nbytes for b in self._flat.values())
+
+
 def to_verl(
     trajs: Sequence[Trajectory],
     *,
@@ -209,6 +244,7 @@ def to_verl(
     overlong: Overlong = "error",
     pad_token_id: int = 0,
     advantages: Sequence[float] | np.ndarray | None = None,
+    out: BatchBuffers | None = None,
 ) -> VerlBatch:
     """Lay trajectories out as verl's agent loop does: left-padded prompts, right-padded responses.
 
@@ -227,6 +263,9 @@ def to_verl(
             little more than 0: it is written on the padding only.
         advantages: one value per trajectory (e.g. :func:`grpo_advantages`), broadcast to the
             row's action tokens as the ``advantages`` tensor.
+        out: buffers to write the batch into, reused across calls (:class:`BatchBuffers`): a
+            trainer's fresh batch each step then costs what a call into warm memory does. The
+            tensors are views of them, overwritten by the next call with the same ``out``.
 
     Rewards of turns whose last action token was cut land on the last kept action token
     (or the last kept token if no action token survives), so each row still sums to the
@@ -259,15 +298,26 @@ def to_verl(
     W = P + R
     pad = _pad_id(pad_token_id)
     fill_pad = pad != 0
-    alloc_ids = np.empty if fill_pad else np.zeros
-    prompts = alloc_ids((B, P), dtype=np.int64)
-    responses = alloc_ids((B, R), dtype=np.int64)
-    input_ids = alloc_ids((B, W), dtype=np.int64)
-    attention = np.zeros((B, W), dtype=np.int64)
-    position_ids = np.zeros((B, W), dtype=np.int64)
-    response_mask = np.zeros((B, R), dtype=np.int64)
-    logprobs = np.zeros((B, R), dtype=np.float32)
-    rewards = np.zeros((B, R), dtype=np.float32)
+    if out is None:
+        alloc_ids = np.empty if fill_pad else np.zeros
+        prompts = alloc_ids((B, P), dtype=np.int64)
+        responses = alloc_ids((B, R), dtype=np.int64)
+        input_ids = alloc_ids((B, W), dtype=np.int64)
+        attention = np.zeros((B, W), dtype=np.int64)
+        position_ids = np.zeros((B, W), dtype=np.int64)
+        response_mask = np.zeros((B, R), dtype=np.int64)
+        logprobs = np.zeros((B, R), dtype=np.float32)
+        rewards = np.zeros((B, R), dtype=np.float32)
+    else:  # warm memory: set whole (the pad id or 0), then the rows are written as below
+        prompts = out.take("prompts", (B, P), np.int64, pad)
+        responses = out.take("responses", (B, R), np.int64, pad)
+        input_ids = out.take("input_ids", (B, W), np.int64, pad)
+        attention = out.take("attention_mask", (B, W), np.int64, 0)
+        position_ids = out.take("position_ids", (B, W), np.int64, 0)
+        response_mask = out.take("response_mask", (B, R), np.int64, 0)
+        logprobs = out.take("rollout_log_probs", (B, R), np.float32, 0)
+        rewards = out.take("token_level_rewards", (B, R), np.float32, 0)
+        fill_pad = False  # the padding already holds the pad id
     positions = np.arange(W, dtype=np.int64)
     truncated = [False] * B
 

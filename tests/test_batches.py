@@ -615,3 +615,40 @@ def test_an_episode_of_several_rows_is_one_group_member():
     # Two rows of one episode alone are a group of one member, not two.
     with pytest.warns(NoGroupSignalWarning):
         assert grpo_advantages(rows[:2]).singletons == (0,)
+
+
+def test_to_verl_into_reused_buffers_gives_the_fresh_batchs_tensors_in_the_same_memory():
+    from tokengym.recorder import BatchBuffers
+
+    def batch(n, seed):
+        r = np.random.default_rng(seed)
+
+        def ids(lo, hi):
+            return r.integers(5, 100, r.integers(lo, hi)).tolist()
+
+        def turn():
+            action = ids(1, 5)
+            lp = r.normal(size=len(action)).astype(np.float32) if r.random() < 0.7 else None
+            return action, lp, float(r.integers(0, 2)), ids(1, 4)
+
+        return [make(ids(1, 6), *[turn() for _ in range(r.integers(1, 4))]) for _ in range(n)]
+
+    buffers = BatchBuffers()
+    first = batch(8, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # some actions have no logprobs, on purpose
+        a = to_verl(first, pad_token_id=151643, out=buffers).tensors
+        pointers = {k: v.data_ptr() for k, v in a.items()}
+        fresh = to_verl(first, pad_token_id=151643).tensors
+        assert all(torch.equal(a[k], fresh[k]) and a[k].is_contiguous() for k in fresh)
+        # The next step's batch (no bigger): the same memory, every stale value written over.
+        second = batch(6, 2)
+        b = to_verl(second, pad_token_id=151643, out=buffers).tensors
+        again = to_verl(second, pad_token_id=151643).tensors
+        assert all(torch.equal(b[k], again[k]) for k in again)
+        assert all(b[k].data_ptr() == pointers[k] for k in b)  # warm memory: no new pages to fault in
+        # A bigger batch grows the buffers (that call is a fresh one) and is still exact.
+        third = batch(20, 3)
+        c = to_verl(third, pad_token_id=0, out=buffers).tensors
+        assert all(torch.equal(c[k], to_verl(third, pad_token_id=0).tensors[k]) for k in c)
+    assert buffers.nbytes >= sum(v.numel() * v.element_size() for v in c.values())

@@ -28,8 +28,11 @@ def test_a_second_renderer_of_the_same_tokenizer_adopts_the_first_ones_probe(qwe
     assert shared and all(whole_2._compiled[s] is whole_1._compiled[s] for s in shared)  # compiled once
 
 
-def test_other_variables_or_another_tokenizer_object_probe_again(qwen3, qwen25):
+def test_other_variables_or_another_tokenizer_object_probe_again(qwen3):
+    from tokengym.envs import fetch_tokenizer, load_tokenizer
+
     ChatRenderer(qwen3)
+    another = load_tokenizer(str(fetch_tokenizer("qwen3")))  # the same files, another object
     probed = []
     original = ChatRenderer._probe
 
@@ -39,8 +42,8 @@ def test_other_variables_or_another_tokenizer_object_probe_again(qwen3, qwen25):
 
     ChatRenderer._probe = counting
     try:
-        ChatRenderer(qwen3, template_kwargs={"enable_thinking": True, "x": 1})
-        ChatRenderer(qwen25)
+        ChatRenderer(qwen3, template_kwargs={"enable_thinking": True, "x": id(probed)})  # not seen before
+        ChatRenderer(another)
         ChatRenderer(qwen3, template_kwargs={"tool": object()})  # not plain data: not shared
     finally:
         ChatRenderer._probe = original

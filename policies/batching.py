@@ -9,7 +9,9 @@ request waits for a fixed round of others, and the policy is always called from 
 of its own (engines such as vLLM's offline ``LLM`` keep per-thread state).
 
 The busy time (some request inside the policy) is measured, so a driver can say how much of
-its wall time was spent outside the engine.
+its wall time was spent outside the engine. A request queued here, waiting for the policy's
+current ``generate`` call to return, is not inside the policy: only the calls are counted (for an
+engine that batches itself, a request is inside it from submission to its result).
 """
 
 from __future__ import annotations
@@ -61,9 +63,12 @@ class RequestBatcher:
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
         self._drainer: asyncio.Future | None = None
         self._active = 0
+        """Requests (or batched calls) inside the policy now."""
+        self._waiting = 0
+        """Requests asked for and not yet answered (queued or inside)."""
         self._since = 0.0
         self.busy_s = 0.0
-        """Seconds during which at least one request was inside the policy."""
+        """Seconds during which at least one request was inside the policy (queued ones are not)."""
         self.requests = 0
         self.batches = 0
         self.max_batch = 0
@@ -83,22 +88,32 @@ class RequestBatcher:
         import asyncio
 
         self.requests += 1
-        if self._active == 0:
-            self._since = time.perf_counter()
-        self._active += 1
-        self.peak = max(self.peak, self._active)
+        self._waiting += 1
+        self.peak = max(self.peak, self._waiting)
         try:
             if self._native is not None:
-                return (await self._native([context], [params]))[0]
+                self._enter()
+                try:
+                    return (await self._native([context], [params]))[0]
+                finally:
+                    self._leave()
             future = asyncio.get_running_loop().create_future()
             self._pending.append((context, params, future))
             if self._drainer is None or self._drainer.done():
                 self._drainer = asyncio.ensure_future(self._drain())
             return await future
         finally:
-            self._active -= 1
-            if self._active == 0:
-                self.busy_s += time.perf_counter() - self._since
+            self._waiting -= 1
+
+    def _enter(self) -> None:
+        if self._active == 0:
+            self._since = time.perf_counter()
+        self._active += 1
+
+    def _leave(self) -> None:
+        self._active -= 1
+        if self._active == 0:
+            self.busy_s += time.perf_counter() - self._since
 
     async def _call(self, contexts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         import asyncio
@@ -109,7 +124,11 @@ class RequestBatcher:
             except (KeyboardInterrupt, SystemExit) as err:
                 raise PolicyInterrupted(f"the policy was interrupted ({type(err).__name__})") from err
 
-        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+        self._enter()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+        finally:
+            self._leave()
 
     async def _drain(self) -> None:
         """Serve what is pending as one batch, again and again while requests keep coming."""

@@ -361,3 +361,27 @@ def test_steps_that_say_they_do_not_wait_but_do_move_to_worker_threads_and_overl
     assert seen[0] is threading.current_thread()  # the first step, inline, showed that steps wait
     assert all(t is not threading.current_thread() for t in seen[1:])
     assert wall < 0.5 * len(seen) * delay  # the waits overlapped: not one after another
+
+
+def test_a_request_waiting_in_the_queue_is_not_engine_time():
+    calls = []
+
+    class Quick(ScriptedPolicy):
+        def generate(self, contexts, sampling):
+            calls.append(len(contexts))
+            time.sleep(0.02)
+            return super().generate(contexts, sampling)
+
+    batcher = RequestBatcher(Quick(lambda ctx: [1]), batch_wait_s=0.3)  # requests gather 0.3 s first
+
+    async def main():
+        start = time.perf_counter()
+        await asyncio.gather(*(batcher.generate([5, 6], SamplingParams(max_tokens=2)) for _ in range(3)))
+        return time.perf_counter() - start
+
+    try:
+        wall = asyncio.run(main())
+    finally:
+        batcher.close()
+    assert calls == [3] and wall >= 0.3
+    assert 0.02 <= batcher.busy_s < 0.15  # the one call, not the 0.3 s the requests waited for it

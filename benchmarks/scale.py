@@ -8,12 +8,12 @@ whose reply is ready at once, so every CPU second is the driver's and the env's.
 
 Workload: ``tokengym/Calculator-v0`` with the real Qwen3 tokenizer and chat template, every
 turn one ``calculate`` call (the same tokens each turn), ``max_turns=8``, no store. At each
-size N, N episodes run with ``concurrency=N`` (all in flight at once), each in its own
+size N, max(N, 400) episodes run with ``concurrency=N`` (N in flight at once), each in its own
 subprocess so that the resident memory of one size does not carry into the next.
 
 Side by side, in the same subprocess and on the same episodes:
 
-* **bare step**: N envs, ``reset`` then ``env.step(action)`` with the same action ids for 8
+* **bare step**: N envs, each episode ``reset`` then ``env.step(action)`` with the same action ids for 8
   turns, no wrapper, no driver: the floor, what the env itself costs;
 * **rollout**: ``tokengym.recorder.rollout(...)`` at ``concurrency=N``: the env plus the
   recorder (``RecordEpisodes``), the driver's slots, the request batcher and the event loop.
@@ -81,6 +81,10 @@ def _setup(max_turns: int = TURNS) -> tuple[Any, list[int], Any]:
     return make_env, action, policy
 
 
+MIN_EPISODES = 400
+"""Episodes run at every size (at ``concurrency=N``), so a small N is timed over enough turns too."""
+
+
 def measure(n: int) -> dict[str, Any]:
     """One size, in this process: the bare step loop, then rollout, on the same episodes."""
     import numpy as np
@@ -92,12 +96,14 @@ def measure(n: int) -> dict[str, Any]:
     make_env()  # warm: imports, the first template compile
     rollout(make_env, policy, episodes=2, concurrency=2, progress=False)
 
+    episodes = max(n, MIN_EPISODES)
     t0 = time.process_time()
     envs = [make_env() for _ in range(n)]
     build_s = time.process_time() - t0
     turns = 0
     t0 = time.process_time()
-    for i, env in enumerate(envs):
+    for i in range(episodes):
+        env = envs[i % n]
         env.reset(seed=i)
         for _ in range(TURNS):
             _obs, _r, term, trunc, _info = env.step(act)
@@ -112,12 +118,15 @@ def measure(n: int) -> dict[str, Any]:
 
     rss0 = _rss_bytes()
     peak = [rss0]
+    finished = [0]
 
-    def on_episode(_traj: Any) -> None:  # sampled as episodes finish: all N are still held then
-        peak[0] = max(peak[0], _rss_bytes())
+    def on_episode(_traj: Any) -> None:  # sampled as the first episode finishes: N are in flight then
+        finished[0] += 1
+        if finished[0] == 1:
+            peak[0] = _rss_bytes()
 
     t0 = time.process_time()
-    res = rollout(make_env, policy, episodes=n, concurrency=n, progress=False, on_episode=on_episode)
+    res = rollout(make_env, policy, episodes=episodes, concurrency=n, progress=False, on_episode=on_episode)
     run_s = time.process_time() - t0
     assert res.stats.failed == 0, res.stats.errors[:3]
     assert res.stats.turns == turns, (res.stats.turns, turns)
@@ -193,8 +202,9 @@ def main() -> int:
             f"{r['rollout_ms_per_turn_without_builds']:>9.3f} | {r['ratio_to_bare']:>5.2f} | {r['build_ms_per_env']:>9.2f} | "
             f"{r['rss_per_episode_kb']:>11.1f} | {r['context_tokens']}"
         )
-    flat = max(r["rollout_ms_per_turn"] for r in rows) / rows[0]["rollout_ms_per_turn"]
-    print(f"growth of rollout's CPU per turn from {rows[0]['in_flight']} to {rows[-1]['in_flight']} in flight: {flat:.2f}x")
+    per_turn = [r["rollout_ms_per_turn"] for r in rows]
+    flat = max(per_turn) / min(per_turn)
+    print(f"rollout's CPU per turn from {rows[0]['in_flight']} to {rows[-1]['in_flight']} in flight: highest / lowest {flat:.2f}x")
     print(f"memory kept per context token (one episode of {mem['turns']} turns, {mem['tokens']} tokens): {mem['bytes_per_token']:.1f} B")
 
     at = next((r for r in rows if r["in_flight"] == 1000), rows[-1])

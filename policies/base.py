@@ -12,6 +12,7 @@ kept probability mass).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -55,7 +56,7 @@ class SamplingParams:
 
     def replace(self, **changes: Any) -> SamplingParams:
         """A copy with ``changes`` applied (the params are frozen)."""
-        return SamplingParams(**{**asdict(self), **changes})
+        return dataclasses.replace(self, **changes)  # validated again; asdict would deep-copy every field
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready form, as stored with each trajectory so a run can be reproduced."""

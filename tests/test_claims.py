@@ -69,7 +69,26 @@ def observation_claim() -> str:
     )
 
 
-@pytest.mark.parametrize("claim", [learn_claim, observation_claim], ids=lambda f: f.__name__)
+def scale_claim() -> str:
+    """The README's driver-cost sentence, from ``benchmarks/scale.py --json``'s stored run."""
+    stored = json.loads((RESULTS / "scale.json").read_text(encoding="utf-8"))
+    by_size = {r["in_flight"]: r for r in stored["sizes"]}
+    at, small, large = by_size[1000], by_size[min(by_size)], by_size[max(by_size)]
+    met = all(g["met"] for g in stored["goals"])
+    return (
+        f"the local driver, the recorder and the env cost {at['rollout_ms_per_turn']:.2f} ms of CPU per turn at "
+        f"1,000 episodes in flight, {at['ratio_to_bare']:.2f}x the env's bare `step` loop "
+        f"({small['rollout_ms_per_turn']:.2f} ms at {small['in_flight']:,} in flight, "
+        f"{large['rollout_ms_per_turn']:.2f} ms at {large['in_flight']:,}), building an env costs "
+        f"{at['build_ms_per_env']:.1f} ms, and an episode in flight keeps "
+        f"{stored['memory']['bytes_per_token']:.0f} bytes per context token "
+        f"(`python benchmarks/scale.py --json benchmarks/results/scale.json`"
+        + ("" if met else "; it exits 1: the goals of 0.5 ms, 1.5x, flat within 1.2x and 16 B are not all met")
+        + ")"
+    )
+
+
+@pytest.mark.parametrize("claim", [learn_claim, observation_claim, scale_claim], ids=lambda f: f.__name__)
 def test_the_readme_quotes_the_stored_run(claim):
     expected = claim()
     assert expected in _readme(), f"README.md should say (from the stored output):\n{expected}"

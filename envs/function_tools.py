@@ -193,8 +193,9 @@ class Tool:
                 except Exception as err:  # DocstringParsingException, TypeHintParsingException
                     fname = getattr(self.fn, "__name__", repr(self.fn))
                     raise ValueError(
-                        f"cannot build a JSON schema for tool {fname!r}: {err}. Give every argument a type "
-                        "hint and an 'Args:' entry in a Google-style docstring, or pass schema=..."
+                        f"cannot build a JSON schema for tool {fname!r}: {err}.{_misspelled_arg(self.fn, str(err))} "
+                        "Give every argument a type hint and an 'Args:' entry in a Google-style docstring, or pass "
+                        "schema=..."
                     ) from err
             if self._name is not None:
                 schema["function"]["name"] = self._name
@@ -233,6 +234,25 @@ class Tool:
         except ValueError:  # no schema can be built: still say which function this is
             name = getattr(self.fn, "__name__", "?")
         return f"<{kind}Tool {name!r}{'' if self.parallel else ' sequential'}>"
+
+
+def _misspelled_arg(fn: Callable[..., Any], message: str) -> str:
+    """`` The docstring's 'Args:' has 'itme', near 'item'.`` when the argument the schema misses a
+    description for is near an 'Args:' entry that names no argument, else ``""``."""
+    import re
+
+    from .near_names import did_you_mean
+
+    missing = re.search(r"no description for the argument '([^']+)'", message)
+    doc = inspect.getdoc(fn) or ""
+    section = re.search(r"^Args:\s*\n((?:[ \t]+.*\n?|\s*\n)*)", doc, re.MULTILINE)
+    if missing is None or section is None:
+        return ""
+    entries = re.findall(r"^[ \t]+(\w+)\s*(?:\([^)]*\))?:", section.group(1), re.MULTILINE)
+    params = set(inspect.signature(fn).parameters)
+    strays = [e for e in entries if e not in params]
+    near = did_you_mean(missing.group(1), strays, n=1).removeprefix("did you mean ").removesuffix("? ")
+    return f" The docstring's 'Args:' has {near}, which names no argument: a misspelling of {missing.group(1)!r}?" if near else ""
 
 
 def tool(

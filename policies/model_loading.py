@@ -209,6 +209,12 @@ def resolve_model(spec: str | os.PathLike[str]) -> ModelChoice:
 
         return ModelChoice(text, True, SMOLLM2, CHATML_TOOLS)
     check_local_path(text)
+    if "/" not in text and not os.path.exists(text):
+        from tokengym.envs.near_names import did_you_mean
+
+        hint = did_you_mean(text.lower(), {n.lower() for n in BUNDLED_MODEL_NAMES})
+        if hint:  # a near miss of the bundled model's name: say so before the hub is asked
+            raise ValueError(f"unknown model {text!r}: {hint}({SMOLLM2} is bundled; anything else is a folder or a hub name)")
     return ModelChoice(text, False, text, None)
 
 

@@ -477,3 +477,15 @@ def test_a_run_that_failed_before_its_first_episode_does_not_lock_its_store(tmp_
     assert len(list(read_trajectories(out))) == 2
     assert main([*CALC, "--episodes", "2", "--temperature", "0.5", "--out", out]) == 2  # now it holds episodes
     assert "recorded with other run settings" in capsys.readouterr().err
+
+
+def test_a_near_miss_of_the_bundled_models_name_is_named(tmp_path, capsys):
+    from tokengym.policies.model_loading import resolve_model
+
+    assert main(["rollout", "tokengym/Calculator-v0", "--model", "smolm2", "--episodes", "1",
+                 "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'smolm2': did you mean 'smollm2'?" in err and "tokenizer" not in err
+    assert not resolve_model("Qwen/Qwen3-0.6B").bundled  # a hub name is not second-guessed
+    with pytest.raises(ValueError, match="did you mean 'smollm2-135m-instruct'"):
+        resolve_model("SmolLM2-135M-Instruc")

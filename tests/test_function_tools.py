@@ -299,3 +299,25 @@ def test_runner_validates_its_timeout():
         ToolRunner(0)
     with pytest.raises(ValueError, match="timeout"):
         Tool(add, timeout=-1)
+
+
+def test_a_misspelled_args_entry_is_named_in_the_schema_error():
+    def pick(item: int, count: int) -> int:
+        """Pick.
+
+        Args:
+            itme: the item
+            count (int): how many
+        """
+        return item
+
+    with pytest.raises(ValueError, match=r"no description for the argument 'item'\. The docstring's 'Args:' has 'itme'"):
+        Tool(pick).schema
+
+    def plain(item: int) -> int:
+        """No Args section at all."""
+        return item
+
+    with pytest.raises(ValueError) as err:
+        Tool(plain).schema
+    assert "misspelling" not in str(err.value)  # nothing to point at: no guess

@@ -52,7 +52,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from tokengym.envs import EnvRef, load_tokenizer, resolve_env_id
     from tokengym.envs.tokenizers import check_local_path
     from tokengym.policies import SamplingParams
-    from tokengym.policies.model_loading import is_bundled_model, resolve_model
+    from tokengym.policies.model_loading import resolve_model
     from tokengym.recorder import TrajectoryWriter, rollout, summary_table
     from tokengym.recorder.drivers.model_setup import env_template
 
@@ -78,8 +78,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise ValueError("--schedule lockstep is for --backend local: Ray runs every episode at its own pace")
     if args.policy in ("hf", "vllm"):
         check_local_path(args.model)  # a mistyped folder fails now, not after the hub's retries
-    if args.policy == "hf" and is_bundled_model(args.model):
-        print(f"model: {resolve_model(args.model).description}", flush=True)
+        choice = resolve_model(args.model)  # a near miss of the bundled model's name fails now, by name
+        if args.policy == "hf" and choice.bundled:
+            print(f"model: {choice.description}", flush=True)
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     engine_kwargs = key_json_pairs(args.engine_kwarg)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)

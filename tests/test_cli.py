@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -489,3 +490,18 @@ def test_a_near_miss_of_the_bundled_models_name_is_named(tmp_path, capsys):
     assert not resolve_model("Qwen/Qwen3-0.6B").bundled  # a hub name is not second-guessed
     with pytest.raises(ValueError, match="did you mean 'smollm2-135m-instruct'"):
         resolve_model("SmolLM2-135M-Instruc")
+
+
+def test_quiet_leaves_out_the_model_and_template_lines_and_every_bar(tmp_path, capsys, monkeypatch):
+    import tokengym.recorder.cli.rollout as cli_rollout
+
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    seen = []
+    real = cli_rollout._rollout
+    monkeypatch.setattr(cli_rollout, "_rollout", lambda args: seen.append(os.environ.get("TQDM_DISABLE")) or real(args))
+    loud_args = [a for a in CALC if a != "--quiet"]
+    assert main([*loud_args, "--episodes", "2", "--out", str(tmp_path / "loud")]) == 0
+    assert main([*CALC, "--episodes", "2", "--out", str(tmp_path / "quiet")]) == 0
+    assert seen == [None, "1"] and "TQDM_DISABLE" not in os.environ  # bars off for the quiet command only
+    out = capsys.readouterr().out
+    assert out.count("recording 2 episodes to") == 2  # the store's plan is said either way

@@ -39,10 +39,16 @@ def test_the_package_folder_is_the_bundled_model():
     assert is_bundled_model(smollm2_dir()) and resolve_model(str(smollm2_dir())).bundled
 
 
-@pytest.mark.parametrize("spec", ["Qwen/Qwen3-0.6B", "gpt2", "HuggingFaceTB/SmolLM2-360M-Instruct", "smollm"])
+@pytest.mark.parametrize("spec", ["Qwen/Qwen3-0.6B", "gpt2", "HuggingFaceTB/SmolLM2-360M-Instruct", "HuggingFaceTB/smollm"])
 def test_other_names_are_loaded_as_given(spec):
     choice = resolve_model(spec)
     assert not choice.bundled and choice.name == spec and choice.tool_template is None
+
+
+@pytest.mark.parametrize("spec", ["smollm", "smolm2", "SmolLM2-135M-Instruc"])
+def test_a_near_miss_of_the_bundled_name_is_refused_with_the_name(spec):
+    with pytest.raises(ValueError, match=f"unknown model '{spec}': did you mean 'smollm2"):
+        resolve_model(spec)
 
 
 def test_an_existing_folder_is_a_folder(tmp_path):
@@ -174,7 +180,7 @@ def test_cli_rollout_with_the_bundled_model(tmp_path, capsys):
     out = tmp_path / "store"
     code = main([
         "rollout", "tokengym/Calculator-v0", "--model", "smollm2", "--episodes", "1", "--max-tokens", "8",
-        "--max-turns", "1", "--quiet", "--out", str(out),
+        "--max-turns", "1", "--out", str(out),  # not --quiet: it leaves these lines out
     ])
     stdout, err = capsys.readouterr()
     assert code == 0, err

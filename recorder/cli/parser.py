@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="assistant turns before an episode is truncated (default: the env's own)")
     r.add_argument("--out", default="tokengym-runs/rollout", help="folder of the Parquet store (an existing one is continued)")
     r.add_argument("--append", action="store_true", help="add --episodes new episodes (new seeds) to an existing store")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--quiet", action="store_true", help="no progress bar, no model or template lines, no library's bars (the store's plan, the summary and errors stay)")
     r.add_argument(
         "--backend", choices=["local", "ray"], default="local",
         help="local: this process (default, no Ray); ray: env workers and policy engines as Ray actors",

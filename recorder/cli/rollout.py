@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +13,15 @@ from typing import Any
 
 
 from .common import key_json_pairs
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def _quiet_print(line: str) -> None:
+    """``--quiet``: the model and template lines are left out; the store's plan, the summary and errors are not."""
+
 
 def _hf_policy(model: str, tokenizer: Any, device: str, engine_kwargs: dict[str, Any]) -> Any:
     from tokengym.envs import load_tokenizer
@@ -49,6 +59,22 @@ def policy_factory(args: argparse.Namespace, engine_kwargs: dict[str, Any], toke
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    """``tokengym rollout``; with ``--quiet`` no library's bar either (a GGUF model's conversion,
+    the hub's downloads: ``TQDM_DISABLE``, for this command only)."""
+    if not args.quiet:
+        return _rollout(args)
+    before = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        return _rollout(args)
+    finally:
+        if before is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = before
+
+
+def _rollout(args: argparse.Namespace) -> int:
     from tokengym.envs import EnvRef, load_tokenizer, resolve_env_id
     from tokengym.envs.tokenizers import check_local_path
     from tokengym.policies import SamplingParams
@@ -76,11 +102,12 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise ValueError(f"--episodes {args.episodes} is not a multiple of --group-size {args.group_size}: whole groups only")
     if args.backend == "ray" and args.schedule == "lockstep":
         raise ValueError("--schedule lockstep is for --backend local: Ray runs every episode at its own pace")
+    say = _quiet_print if args.quiet else _print
     if args.policy in ("hf", "vllm"):
         check_local_path(args.model)  # a mistyped folder fails now, not after the hub's retries
         choice = resolve_model(args.model)  # a near miss of the bundled model's name fails now, by name
         if args.policy == "hf" and choice.bundled:
-            print(f"model: {choice.description}", flush=True)
+            say(f"model: {choice.description}")
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     engine_kwargs = key_json_pairs(args.engine_kwarg)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
@@ -107,7 +134,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     make_env = EnvRef(args.env_id, tuple(args.imports), env_kwargs)
     template, note = env_template(make_env, args.tokenizer or args.model, env_kwargs, given="--env-kwarg chat_template")
     if note:
-        print(note, flush=True)
+        say(note)
     if template is not None:
         env_kwargs["chat_template"] = template
         make_env = make_env.with_kwargs(chat_template=template)
@@ -130,7 +157,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     try:
         with TrajectoryWriter(args.out, tokenizer=tokenizer, run=run) as writer:
             ids, note = _plan_episodes(args, _stored_episodes(writer.directory))
-            print(note, flush=True)
+            print(note, flush=True)  # what the run does to the store (new, resumed, appended): said even with --quiet
             if not ids:
                 return EXIT_OK
             result = rollout(

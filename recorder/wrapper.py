@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.error import ResetNeeded
 
+from tokengym.envs.conformance import Conformance
 from tokengym.envs.step_record import StepRecord, ToolReward, reset_record, step_record
 
 from .segments import Segment, SegmentKind
@@ -77,7 +78,7 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         self._sequences: list[Trajectory] = []
         self._finished: list[Trajectory] = []
         self._seed = seed
-        self._conformance: list[dict[str, Any]] = []
+        self._conformance: list[Conformance] = []  # as the env gave them; dicts only when a row is made
         self._task = reset_record(info).task
         self._tool_rewards: list[ToolReward] = []
         return obs, info
@@ -113,8 +114,10 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         elif len(obs):
             self._segments.append(Segment(SegmentKind.OBSERVATION, _kept(obs), turn))
         self._tool_rewards.extend(record.tool_rewards)
-        target = self._sequences[-1].conformance if reset else self._conformance
-        target.append(record.conformance.as_dict())
+        if reset:
+            self._sequences[-1].conformance.append(record.conformance.as_dict())
+        else:
+            self._conformance.append(record.conformance)
         if terminated or truncated:
             info["trajectory"] = self._finish(record, terminated, truncated)
             if len(self._finished) > 1:
@@ -156,7 +159,7 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
             stop_reason=stop_reason or record.stop_reason or ("terminated" if terminated else "truncated"),
             terminated=bool(terminated),
             truncated=bool(truncated),
-            conformance=self._conformance,
+            conformance=[c.as_dict() for c in self._conformance],
             sampling=self.sampling,
             metadata=metadata,
         )

@@ -220,6 +220,34 @@ def test_one_writer_per_directory(qwen25, tmp_path):
     TrajectoryWriter(tmp_path, tokenizer=qwen25).close()  # released on close
 
 
+def test_a_deleted_lock_file_does_not_let_a_second_writer_in(episodes25, qwen25, tmp_path):
+    from tokengym.recorder.store.files import LOCK_NAME
+
+    with TrajectoryWriter(tmp_path, tokenizer=qwen25, shard_size=4) as first:
+        first.write(episodes25[0])
+        (tmp_path / LOCK_NAME).unlink()  # what a user may do: the lock is not the file
+        with pytest.raises(StoreError, match="another TrajectoryWriter"):
+            TrajectoryWriter(tmp_path, tokenizer=qwen25)
+        first.write(episodes25[1])
+    assert len(list(read_trajectories(tmp_path))) == 2  # nothing the first writer returned from is lost
+
+
+def test_a_writer_whose_store_was_moved_away_stops_instead_of_writing(episodes25, qwen25, tmp_path):
+    store, moved = tmp_path / "store", tmp_path / "moved"
+    first = TrajectoryWriter(store, tokenizer=qwen25, shard_size=4)
+    first.write(episodes25[0])
+    store.rename(moved)
+    second = TrajectoryWriter(store, tokenizer=qwen25, shard_size=4)  # a new store at the old path
+    second.write(episodes25[1])
+    with pytest.raises(StoreError, match="the store's directory was replaced after this writer locked it"):
+        first.write(episodes25[2])
+    second.close()
+    with pytest.raises(StoreError, match="replaced"):
+        first.close()  # it compacts nothing into the other store either
+    assert len(list(read_trajectories(store))) == 1
+    assert len(list(read_trajectories(moved))) == 1  # the first writer's one write, where it made it
+
+
 # ------------------------------------------------------------------- refusals
 def test_refuses_another_tokenizer(episodes25, qwen3, qwen25, tmp_path):
     with TrajectoryWriter(tmp_path, tokenizer=qwen25, shard_size=2) as w:

@@ -18,14 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import CorruptShardError, StoreError
-from .files import LOCK_NAME, MANIFEST_NAME, atomic_write, shard_paths
+from .files import MANIFEST_NAME, atomic_write, shard_paths
+from .lock import StoreLock
 from .fingerprint import tokenizer_mismatch
 from .schema import FORMAT, METADATA_KEY, check_version, schema_of
 
-try:  # advisory locking is POSIX-only; elsewhere a second writer is simply not detected
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["accept_shards"]
 
@@ -122,14 +119,7 @@ def accept_shards(directory: str | os.PathLike[str]) -> dict[str, list[str]]:
     manifest = read_manifest(root)
     if manifest is None:
         raise StoreError(f"{root}: no manifest ({MANIFEST_NAME}): not a trajectory store, nothing to accept")
-    fd = None
-    if fcntl is not None:
-        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            os.close(fd)
-            raise StoreError(f"{root}: a TrajectoryWriter is writing to this store; close it first") from err
+    held = StoreLock(root, f"{root}: a TrajectoryWriter is writing to this store; close it first")
     try:
         listed = {e["name"]: e for e in manifest.get("shards") or []}
         entries, added = [], []
@@ -151,5 +141,4 @@ def accept_shards(directory: str | os.PathLike[str]) -> dict[str, list[str]]:
         write_manifest(root, {**manifest, "shards": entries})
         return {"dropped": dropped, "added": added}
     finally:
-        if fd is not None:
-            os.close(fd)
+        held.release()

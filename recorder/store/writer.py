@@ -28,17 +28,13 @@ from ..stopping import uninterrupted
 from ..trajectory import Trajectory
 from .episode_log import encode_row, log_header
 from .errors import DiskFullError, StoreError, StoreWarning
-from .files import LOCK_NAME, atomic_write, fsync_dir, file_index, log_name, shard_name
+from .files import atomic_write, fsync_dir, file_index, log_name, shard_name
 from .fingerprint import display_name, unwrap, tokenizer_fingerprint
+from .lock import StoreLock
 from .manifest import write_manifest
 from .resume import check_resume
 from .rows import rows_table, trajectory_row
 from .schema import METADATA_KEY, SCHEMA_VERSION
-
-try:  # advisory locking is POSIX-only; elsewhere a second writer is simply not detected
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["TrajectoryWriter"]
 
@@ -109,7 +105,7 @@ class TrajectoryWriter:
         self.shards_written: list[Path] = []
         self._rows: list[dict[str, Any]] = []
         self._closed = True
-        self._lock_fd: int | None = None
+        self._store_lock: StoreLock | None = None
         self._log_fd: int | None = None
         self._log_path: Path | None = None
         self._log_size = 0
@@ -140,23 +136,16 @@ class TrajectoryWriter:
 
     # ---------------------------------------------------------------- opening
     def _lock(self) -> None:
-        if fcntl is None:  # pragma: no cover
-            return
-        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            os.close(fd)
-            raise StoreError(
-                f"{self.directory}: another TrajectoryWriter is writing to this store; "
-                "one writer per directory (give each worker its own directory)"
-            ) from err
-        self._lock_fd = fd
+        self._store_lock = StoreLock(
+            self.directory,
+            f"{self.directory}: another TrajectoryWriter is writing to this store; "
+            "one writer per directory (give each worker its own directory)",
+        )
 
     def _unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing releases the flock
-            self._lock_fd = None
+        if self._store_lock is not None:
+            self._store_lock.release()
+            self._store_lock = None
 
     def _open(self, run: dict[str, Any] | None) -> None:
         """Check the store (:func:`check_resume`), write its manifest, and turn into shards (or take
@@ -211,6 +200,8 @@ class TrajectoryWriter:
         with self._mutex, uninterrupted():  # a stop signal waits until the bookkeeping is done
             if self._closed:
                 raise StoreError(f"{self.directory}: the writer is closed")
+            if self._store_lock is not None:
+                self._store_lock.check()
             self._append(record)
             self._rows.append(row)
             self.num_written += 1
@@ -333,6 +324,8 @@ class TrajectoryWriter:
 
     def _compact(self) -> Path | None:
         """The log's trajectories as one shard: temp file, fsync, rename, manifest, then the log removed."""
+        if self._store_lock is not None:
+            self._store_lock.check()
         if not self._rows:
             return None
         table = self._table(self._rows)

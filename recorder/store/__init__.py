@@ -10,7 +10,7 @@ segment and metadata field), the episode log included::
         part-00001.parquet
         .part-00002.log       episode log: the trajectories that will become part-00002 (append-only)
         .tokengym.json        manifest: format, schema version, tokenizer, every shard (rows, bytes, sha256)
-        .tokengym.lock        held by the one live writer (advisory lock)
+        .tokengym.lock        flocked by the one live writer, as the directory itself is (store/lock.py)
 
 The manifest, the log and the lock are hidden files because every common reader skips
 those, so they all see the shards only: ``pandas.read_parquet("runs/grpo-0")``,

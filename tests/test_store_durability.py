@@ -467,3 +467,32 @@ def test_readers_never_see_a_half_compacted_store_while_a_writer_runs(qwen25, tm
         writer.close()
     assert seen == sorted(seen) and len(seen) > 3, seen  # never fewer than before, never an error
     assert read_table(tmp_path).num_rows == 120
+
+
+@pytest.mark.parametrize("where", ["length of the first record", "checksum of the last record"])
+def test_one_flipped_byte_is_damage_said_not_a_torn_end_that_drops_the_rest(qwen25, tmp_path, where):
+    import struct
+
+    trajs = episodes(qwen25, range(4))
+    writer = TrajectoryWriter(tmp_path, tokenizer=qwen25)
+    for t in trajs:
+        writer.write(t)
+    log = log_paths(tmp_path)[0]
+    data = bytearray(log.read_bytes())
+    first = data.index(b"TGR1")
+    if where.startswith("length"):  # the length now points past the end: it read as a torn tail before
+        data[first + 4 : first + 8] = struct.pack("<I", len(data))
+        match = r"damaged record at byte \d+ .*a whole record follows at byte \d+"
+    else:
+        data[-1] ^= 0x01  # inside the last record: whole, but its checksum fails
+        match = r"damaged record at byte \d+ .*the record is whole but its checksum fails"
+    log.write_bytes(bytes(data))
+    with pytest.raises(CorruptShardError, match=match):
+        list(read_trajectories(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StoreWarning)
+        del writer  # as if killed: nothing closed
+        gc.collect()
+    with pytest.raises(CorruptShardError, match="damaged record"):  # and no writer cuts it either
+        TrajectoryWriter(tmp_path, tokenizer=qwen25)
+    assert log.read_bytes() == bytes(data)

@@ -96,6 +96,19 @@ def _decode_payload(payload: bytes) -> dict[str, Any]:
     return row
 
 
+def _next_whole_record(data: bytes, start: int) -> int | None:
+    """The offset of the first whole record (its magic, its length inside the file, its checksum
+    right) at or after ``start``, or None: what tells damage from a torn end."""
+    at = data.find(_REC_MAGIC, start)
+    while at >= 0 and len(data) - at >= _REC_HEAD.size:
+        _magic, length, crc = _REC_HEAD.unpack_from(data, at)
+        end = at + _REC_HEAD.size + length
+        if end <= len(data) and zlib.crc32(data[at + _REC_HEAD.size : end]) == crc:
+            return at
+        at = data.find(_REC_MAGIC, at + 1)
+    return None
+
+
 @dataclass
 class Log:
     path: Path
@@ -125,12 +138,22 @@ def read_log(path: Path) -> Log:
             break  # torn header of the last record
         magic, length, crc = _REC_HEAD.unpack_from(data, pos)
         body = data[pos + _REC_HEAD.size : pos + _REC_HEAD.size + length]
-        last = pos + _REC_HEAD.size + length >= len(data)
         if magic != _REC_MAGIC or len(body) != length or zlib.crc32(body) != crc:
-            if last or magic != _REC_MAGIC and not data[pos:].strip(b"\0"):
-                break  # the last record was cut short, or the file ends in zeros (power loss)
+            # A torn end is a last record cut short (or a tail of zeros, power loss) with no whole
+            # record after it; anything else (a complete record whose checksum fails, a length that
+            # points past records that follow) is damage, said, never a silent cut of what follows.
+            short = magic == _REC_MAGIC and len(body) < length
+            zeros = magic != _REC_MAGIC and not data[pos:].strip(b"\0")
+            later = _next_whole_record(data, pos + 1)
+            if (short or zeros) and later is None:
+                break
+            what = (
+                f"a whole record follows at byte {later}" if later is not None
+                else "the record is whole but its checksum fails" if magic == _REC_MAGIC
+                else "no record starts there"
+            )
             raise CorruptShardError(
-                f"{path}: damaged record at byte {pos} of {len(data)} (checksum mismatch, not a torn end); "
+                f"{path}: damaged record at byte {pos} of {len(data)} (not a torn end: {what}); "
                 "the records before it are intact: keep a copy of the file, then cut it at that byte "
                 f"(truncate -s {pos} {path.name}) to keep them and drop the rest"
             )

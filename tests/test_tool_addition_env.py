@@ -191,6 +191,21 @@ def test_smollm2_template_with_chatml_tools():
     assert rewards == [1.0, 1.0] and traj.metadata["grade"]["correct"] and traj.num_turns == 2
 
 
+@requires("SMOLLM2", SMOLLM2_MISSING)
+def test_smollm2_own_template_is_refused_though_the_system_prompt_names_the_tool():
+    """SmolLM2's own template drops the tool schemas; the Calculator's system prompt says
+    "calculate", so a guard that looked for the name passed it. The schema is what is judged."""
+    import gymnasium as gym
+
+    from tokengym.envs.render import TemplateError
+
+    with pytest.raises(TemplateError, match="schema of 'calculate' is missing from the prompt.*CHATML_TOOLS"):
+        gym.make("tokengym/Calculator-v0", tokenizer="smollm2").reset(seed=0)
+    env = gym.make("tokengym/Calculator-v0", tokenizer="smollm2", chat_template=CHATML_TOOLS)
+    obs, _ = env.reset(seed=0)
+    assert '"expression"' in env.unwrapped.renderer.decode(obs)
+
+
 @pytest.mark.slow
 @requires("SMOLLM2", SMOLLM2_MISSING)
 def test_two_grpo_iterations_of_smollm2_stay_on_policy_across_turns():

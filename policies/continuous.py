@@ -12,12 +12,19 @@ Only caches made of plain full-attention layers can be joined this way; a model 
 holds other layer kinds (sliding windows, static or quantized caches) gets an error that says
 so when it is first used here, and the driver's request queue (batched ``generate`` calls) is
 what to use for it: ``HFPolicy(..., continuous=False)``.
+
+A request whose future is cancelled (its episode was stopped) leaves the batch at the next step
+instead of decoding to its token limit. The loop's thread is stopped before the interpreter
+finalizes (an exit hook), also when nobody closed the policy: a daemon thread still inside
+torch then aborts the process (``terminate called without an active exception``, exit 134
+where a stopped run must exit 130).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,7 +36,7 @@ from .base import Generation, SamplingParams
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ContinuousDecoder", "UnsupportedCache"]
+__all__ = ["ContinuousDecoder", "PolicyClosed", "UnsupportedCache"]
 
 
 class UnsupportedCache(TypeError):
@@ -55,6 +62,8 @@ class ContinuousDecoder:
         self._queue: queue.SimpleQueue[_Row | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._halt = threading.Event()
+        self._exit_hook: weakref.finalize | None = None
         self.steps = 0
         """Decode steps run (a step serves every running request at once)."""
         self.max_batch = 0
@@ -66,16 +75,24 @@ class ContinuousDecoder:
         row = _Row(context, params, Future())
         with self._lock:
             if self._thread is None:
+                self._halt.clear()
                 self._thread = threading.Thread(target=self._serve, name="tokengym-hf-decode", daemon=True)
                 self._thread.start()
+                # At exit (atexit runs before daemon threads are killed): halt and join.
+                self._exit_hook = weakref.finalize(self._thread, _halt_and_join, self._halt, self._queue, self._thread)
         self._queue.put(row)
         return row.future
 
-    def close(self) -> None:
-        """Stop the loop after the requests it holds are done."""
+    def close(self, *, cancel: bool = False) -> None:
+        """Stop the loop after the requests it holds are done (cancelled ones leave at the next
+        step); with ``cancel`` at the next step, failing the requests it holds."""
         with self._lock:
             thread, self._thread = self._thread, None
         if thread is not None:
+            if self._exit_hook is not None:
+                self._exit_hook.detach()
+            if cancel:
+                self._halt.set()
             self._queue.put(None)
             thread.join()
 
@@ -87,6 +104,9 @@ class ContinuousDecoder:
         state: _Batch | None = None
         stopping = False
         while True:
+            if self._halt.is_set():
+                _fail(rows + [r for r in self._take(block=False) if r is not None], PolicyClosed("the policy was closed"))
+                return
             waiting = self._take(block=not rows)
             if None in waiting:
                 stopping = True
@@ -188,7 +208,7 @@ class ContinuousDecoder:
             r.ids.append(tok)
             r.logprobs.append(float(logprobs[i, tok]))
             r.finish = self.policy.finish_reason(r.ids, r.params)
-            if r.finish is None:
+            if r.finish is None and not r.future.cancelled():  # a stopped episode's request leaves now
                 keep.append(i)
         self.policy.sampled(len(rows))  # before any finished request is resolved: counted while it runs
         return keep
@@ -244,6 +264,17 @@ class _Batch:
             torch.cat([self.positions, other.positions], 0),
             torch.cat([self.next_ids, other.next_ids], 0),
         )
+
+
+class PolicyClosed(RuntimeError):
+    """The policy was closed (or the interpreter is exiting) while this request was decoding."""
+
+
+def _halt_and_join(halt: threading.Event, requests: queue.SimpleQueue, thread: threading.Thread) -> None:
+    if thread.is_alive():
+        halt.set()
+        requests.put(None)
+        thread.join()
 
 
 def _fail(rows: list[_Row], err: BaseException) -> None:

@@ -156,6 +156,37 @@ def test_close_stops_the_thread_and_a_new_request_starts_it_again(qwen3):
     p.close()
 
 
+def test_a_cancelled_request_leaves_the_batch_and_close_can_cancel(qwen3):
+    """A stopped episode's request leaves at the next step (not at its token limit), and
+    ``close(cancel=True)`` fails the requests still decoding, so the thread ends at once."""
+    import time
+
+    from tokengym.policies.continuous import ContinuousDecoder, PolicyClosed
+
+    p = HFPolicy(tiny(len(qwen3)), qwen3)
+    decoder = ContinuousDecoder(p)
+    long = SamplingParams(max_tokens=100_000, temperature=0.0)
+    gone = decoder.submit([1, 2, 3], long)
+    while decoder.steps < 3:
+        time.sleep(0.01)
+    assert gone.cancel()
+    steps = decoder.steps
+    short = decoder.submit([4, 5], SamplingParams(max_tokens=4, temperature=0.0)).result(timeout=60)
+    assert len(short.token_ids) == 4
+    time.sleep(0.2)
+    idle = decoder.steps
+    time.sleep(0.3)
+    assert decoder.steps == idle  # no row decodes on: the cancelled one left with the next step
+    held = decoder.submit([6, 7], long)
+    while decoder.steps < idle + 10:
+        time.sleep(0.01)
+    thread = decoder._thread
+    decoder.close(cancel=True)
+    assert not thread.is_alive()
+    with pytest.raises(PolicyClosed):
+        held.result(timeout=0)
+
+
 def test_the_default_driver_uses_it_and_records_the_law(policy, qwen3):
     from lawcheck import recompute_logprobs
     from tokengym.recorder import to_verl

@@ -12,7 +12,7 @@ from typing import Any
 from .check_template import cmd_check_template, cmd_fetch_templates, cmd_fetch_tokenizers
 from .demo import DEMO_OUT, DEMO_REPLAY_OUT, cmd_demo
 from .list_envs import cmd_envs
-from .rollout import EXIT_USAGE, ROLLOUT_EXIT_CODES, cmd_rollout
+from .rollout import EXIT_INTERRUPTED, EXIT_USAGE, ROLLOUT_EXIT_CODES, cmd_rollout
 
 _PINNED_NAMES = "qwen3, qwen2.5, llama3_1, llama3_2, deepseek_v3, gemma3, mistral_nemo, gptoss"
 
@@ -217,8 +217,16 @@ def find_modules_here() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     find_modules_here()
+    from tokengym.recorder.stopping import stop_on_signals
+
     try:
-        return int(args.func(args))
+        # SIGTERM as Ctrl-C for the whole command (a model still loading, a store closing), not only
+        # while episodes run: a store's close is then never cut, and the exit is 130, not a traceback.
+        with stop_on_signals():
+            return int(args.func(args))
+    except KeyboardInterrupt as err:
+        print(f"tokengym {args.command}: {err or 'stopped by SIGINT'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (ValueError, OSError, KeyError) as err:
         print(f"tokengym {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -160,11 +160,18 @@ def _rollout(args: argparse.Namespace) -> int:
             print(note, flush=True)  # what the run does to the store (new, resumed, appended): said even with --quiet
             if not ids:
                 return EXIT_OK
-            result = rollout(
-                make_env, policy, episodes=ids, concurrency=args.concurrency, sampling=sampling,
-                seed=args.seed, on_episode=writer.write, progress=not args.quiet,
-                backend=backend, schedule=args.schedule, group_size=args.group_size, tasks=tasks,
-            )
+            try:
+                result = rollout(
+                    make_env, policy, episodes=ids, concurrency=args.concurrency, sampling=sampling,
+                    seed=args.seed, on_episode=writer.write, progress=not args.quiet,
+                    backend=backend, schedule=args.schedule, group_size=args.group_size, tasks=tasks,
+                )
+            finally:
+                # Built here, closed here: the HF policy's decode thread is stopped and joined (a daemon
+                # thread still inside torch at exit aborts the process: exit 134, not 130).
+                close = getattr(policy, "close", None)
+                if callable(close):
+                    close()
     except stopped as err:
         print(summary_table(err.result.stats))  # type: ignore[attr-defined]
         print(f"tokengym rollout: error: {err} (in {args.out})", file=sys.stderr)

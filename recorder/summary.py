@@ -19,7 +19,7 @@ import pyarrow as pa
 from .store import MANIFEST_NAME, SCHEMA_VERSION, StoreError, log_paths, shard_paths
 from .store.manifest import read_manifest
 from .store.reader import store_batches
-from .views import printable
+from .views import printable, tool_calls_line
 
 __all__ = ["Totals", "format_summary", "summarize_store", "summarize_with_totals", "summary_rows"]
 
@@ -31,6 +31,8 @@ _SUMMARY_COLUMNS = [
     "env_id",
     "stop_reason",
     "conformance_summary",
+    "finish_reasons",
+    "metadata",
 ]
 _CONF_KEYS = ("turns_checked", "ok", "known", "mismatch", "deferred", "episodes_with_mismatch")
 
@@ -49,6 +51,8 @@ class Totals:
         self.env_ids: Counter[str] = Counter()
         self.behaviours: Counter[str] = Counter()
         self.conf: Counter[str] = Counter(dict.fromkeys(_CONF_KEYS, 0))
+        self.finishes: Counter[str] = Counter()
+        self.tools: Counter[str] = Counter()
 
     def add(self, batch: pa.RecordBatch) -> None:
         import pyarrow.compute as pc  # imported by a summary, not by ``tokengym --help``
@@ -62,6 +66,16 @@ class Totals:
         self.turns.append(n_turns.to_numpy(zero_copy_only=False))
         self.stops.update("none" if v is None else v for v in batch.column("stop_reason").to_pylist())
         self.env_ids.update("none" if v is None else v for v in batch.column("env_id").to_pylist())
+        for reasons in batch.column("finish_reasons").to_pylist():
+            self.finishes.update("unknown" if r is None else r for r in (reasons or ()))
+        for raw in batch.column("metadata").to_pylist():
+            try:
+                tools = (json.loads(raw) if raw else {}).get("tool_stats")
+            except (json.JSONDecodeError, AttributeError) as err:
+                raise ValueError(f"unreadable metadata ({err})") from err
+            if isinstance(tools, dict) and tools.get("calls"):
+                self.tools.update({k: int(v) for k, v in tools.items() if k != "consecutive_invalid" and v})
+                self.tools["episodes"] += 1
         for raw in batch.column("conformance_summary").to_pylist():
             try:
                 c = json.loads(raw) if raw else {}
@@ -99,6 +113,8 @@ class Totals:
             "reward": stats(rew, "mean", "std", "min", "max"),
             "turns": {"total": int(n_turns.sum()), **stats(n_turns, "mean", "min", "max")},
             "stop_reasons": dict(self.stops.most_common()),
+            "finish_reasons": dict(self.finishes.most_common()),
+            "tool_calls": dict(self.tools),
             "env_ids": dict(self.env_ids.most_common()),
             "conformance": {**dict(self.conf), "behaviours": dict(sorted(self.behaviours.items()))},
         }
@@ -116,6 +132,10 @@ def summarize_store(path: str | os.PathLike[str]) -> dict[str, Any]:
         reward              {mean, std, min, max}      std over episodes (ddof=0); None values when empty
         turns               {total, mean, min, max}
         stop_reasons        {reason: episodes}          most common first; a missing reason is "none"
+        finish_reasons      {reason: actions}           why each action's generation stopped (``length``:
+                                                        cut at the token limit); "unknown" where not recorded
+        tool_calls          {calls, ok, error, timeout, parse_error, ..., invalid, truncated, episodes}:
+                            the episodes' ``tool_stats`` summed ({} for envs without tools)
         env_ids             {env id: episodes}          likewise
         conformance         {turns_checked, ok, known, mismatch, deferred, episodes_with_mismatch,
                              behaviours: {name: episodes showing it}}; turns_checked counts
@@ -203,6 +223,7 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
             f" min {_fmt(tu['min'], '.0f')} max {_fmt(tu['max'], '.0f')}",
         ),
         ("stop reasons", _counts(s["stop_reasons"])),
+        ("finish reasons", _counts(s.get("finish_reasons", {}))),
         (
             "conformance",
             f"{c['turns_checked']} turns checked: {c['ok']} ok · {c['known']} known template behaviour · "
@@ -214,6 +235,12 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
             ),
         ),
     ]
+    cut = s.get("finish_reasons", {}).get("length")
+    if cut:
+        rows.append(("cut", f"{cut} actions stopped at the token limit (finish reason 'length'): "
+                     "their answers may be incomplete though the episode counts as done"))
+    if s.get("tool_calls", {}).get("calls"):
+        rows.append(("tool calls", tool_calls_line(s["tool_calls"])))
     if c["behaviours"]:
         rows.append(("behaviours", _counts(c["behaviours"])))
     return rows

@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -29,12 +30,14 @@ __all__ = [
     "ANSI_COLORS",
     "HTML_COLORS",
     "TrajectoryView",
+    "episode_notes",
     "render_legend_text",
     "render_trajectory_html",
     "render_trajectory_text",
     "render_turn_table",
     "segment_texts",
     "strip_ansi",
+    "tool_calls_line",
     "view",
 ]
 
@@ -201,6 +204,7 @@ def render_trajectory_html(traj: Trajectory, tokenizer: Any, *, document: bool =
         f"{html.escape(str(traj.env_id))} · seed {html.escape(str(traj.seed))} · {len(traj):,} tokens "
         f"({int(m.sum()):,} policy) · {traj.num_turns} turns · reward {traj.reward:.4g} · "
         f"stop reason {html.escape(str(traj.stop_reason))}"
+        + "".join(f" · {html.escape(n)}" for n in episode_notes(traj))
     )
     legend = "".join(
         f'<span style="color:{HTML_COLORS[k]}">■ {label}</span>'
@@ -261,11 +265,42 @@ def render_legend_text(color: bool = True) -> str:
 
 
 def render_turn_table(traj: Trajectory) -> str:
-    """One line per turn: action and observation token counts, reward, whether logprobs were recorded."""
-    rows = [["turn", "action tokens", "observation tokens", "reward", "logprobs"]]
+    """One line per turn: action and observation token counts, reward, whether logprobs were
+    recorded, and why the action's generation stopped (``length``: cut at the token limit)."""
+    rows = [["turn", "action tokens", "observation tokens", "reward", "logprobs", "finish"]]
     obs = {s.turn: len(s) for s in traj.segments if s.kind is SegmentKind.OBSERVATION}
     for a in traj.actions:
         lp = "yes" if a.logprobs is not None else "no"
-        rows.append([str(a.turn), str(len(a)), str(obs.get(a.turn, 0)), f"{a.reward:.4g}", lp])
+        rows.append([str(a.turn), str(len(a)), str(obs.get(a.turn, 0)), f"{a.reward:.4g}", lp, a.finish_reason or "unknown"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def episode_notes(traj: Trajectory) -> list[str]:
+    """What an episode's header adds to its stop reason: actions cut at the token limit (the
+    episode reads "done" though an answer may be incomplete) and its tool calls by outcome."""
+    notes = []
+    cut = sum(r == "length" for r in traj.finish_reasons)
+    if cut:
+        notes.append(f"{cut} of {len(traj.actions)} actions cut at the token limit (finish reason 'length')")
+    tools = traj.metadata.get("tool_stats")
+    if isinstance(tools, dict) and tools.get("calls"):
+        notes.append("tool calls " + tool_calls_line({**tools, "episodes": 1}).split(": ", 1)[1])
+    return notes
+
+
+def tool_calls_line(counts: Mapping[str, int]) -> str:
+    """``N in E episodes: V valid (ok, error, timed out), I invalid (...)``: every call is counted
+    in one of the parts, so a run whose tools time out or fail does not read as a clean one."""
+    valid = {"ok": counts.get("ok", 0), "error": counts.get("error", 0), "timed out": counts.get("timeout", 0)}
+    invalid = {k: counts.get(k, 0) for k in ("parse_error", "wrong_format", "unknown_tool", "invalid_arguments")}
+    over = counts.get("over_limit", 0)
+    line = (f"{counts.get('calls', 0)} in {counts.get('episodes', 0)} episodes: {sum(valid.values())} valid ("
+            + ", ".join(f"{k} {v}" for k, v in valid.items()) + f"), {sum(invalid.values())} invalid")
+    if any(invalid.values()):
+        line += " (" + ", ".join(f"{k} {v}" for k, v in invalid.items() if v) + ")"
+    if over:
+        line += f", {over} over the per-turn call limit"
+    if counts.get("truncated"):
+        line += f"; {counts['truncated']} results cut to the token budget"
+    return line

@@ -16,7 +16,7 @@ import tokengym.envs  # noqa: F401  (registers the envs)
 from tokengym.envs import ReplayEnv
 from tokengym.recorder import RecordEpisodes, Segment, SegmentKind, Trajectory, TrajectoryWriter
 from tokengym.recorder.cli.inspect_store import add_inspect_parser, cmd_inspect
-from tokengym.recorder.summary import format_summary, summarize_store
+from tokengym.recorder.summary import format_summary, summarize_store, summary_rows
 from tokengym.recorder.views import (
     ANSI_COLORS,
     HTML_COLORS,
@@ -216,7 +216,7 @@ def test_turn_table_and_legend(store, tokenizer):
     assert rows[0].split()[:2] == ["turn", "action"] and len(rows) == t.num_turns + 1
     obs = {s.turn: len(s) for s in t.segments if s.kind is SegmentKind.OBSERVATION}
     for row, a in zip(rows[1:], t.actions):
-        assert row.split() == [str(a.turn), str(len(a)), str(obs.get(a.turn, 0)), f"{a.reward:.4g}", "no"]
+        assert row.split() == [str(a.turn), str(len(a)), str(obs.get(a.turn, 0)), f"{a.reward:.4g}", "no", a.finish_reason or "unknown"]
     legend = render_legend_text(color=True)
     assert strip_ansi(legend) == render_legend_text(color=False)
     painted = {code: chunk for code, chunk in PAINTED_RE.findall(legend)}
@@ -293,7 +293,7 @@ def test_cli_shows_summary_and_episode(store, tokenizer, tokenizer_name, capsys,
     monkeypatch.delenv("NO_COLOR", raising=False)
     code, out, err = run([path], capsys)
     assert code == 0 and err == ""
-    assert re.search(r"^episodes\s+5$", out, re.M) and f"tokenizer     {tokenizer_name}" in out
+    assert re.search(r"^episodes\s+5$", out, re.M) and re.search(rf"^tokenizer\s+{tokenizer_name} ", out, re.M)
     assert "\x1b[" not in out  # not a terminal
     assert "episode 0 of 5" in out and f"seed {trajs[0].seed}" in out
     assert tokenizer.decode(trajs[0].actions[1].token_ids.tolist(), skip_special_tokens=False) in out
@@ -356,7 +356,7 @@ def test_cli_tokenizer_choice(qwen25, qwen3, capsys, tmp_path):
     # Not a pinned name: the summary and the turn table, no text, and a hint.
     code, out, err = run([tmp_path], capsys)
     assert code == 0 and "--tokenizer" in err and text not in out
-    assert re.search(r"^0\s+\d+\s+\d+\s+0\s+yes$", out, re.M)  # the per-turn table
+    assert re.search(r"^0\s+\d+\s+\d+\s+0\s+yes\s+\w+$", out, re.M)  # the per-turn table
     code, _, err = run([tmp_path, "--html", tmp_path / "x.html"], capsys)
     assert code == 2 and "--html needs a tokenizer" in err
     # Given explicitly: decoded. Another tokenizer's fingerprint: decoded with a warning.
@@ -519,6 +519,48 @@ def test_html_report_of_a_real_rollout(rollout_store, qwen25, capsys, tmp_path):
         assert e["why"].startswith(f"episode {e['index']} of 12: ")
         assert e["actions"] == segment_texts_of(t, qwen25, SegmentKind.ACTION)
         assert len(e["actions"]) == t.num_turns
+
+
+def test_cut_answers_and_tool_calls_show_in_the_summary_the_episode_and_the_report(rollout_store, qwen25, capsys, tmp_path):
+    """An answer cut at the token limit reads "done" by its stop reason, and a run whose calls
+    failed reads like a clean one by its reward: both are said in the summary, in the episode's
+    header and in the HTML report."""
+    from tokengym.envs import ChatRenderer
+    from tokengym.policies import SamplingParams, ScriptedPolicy
+    from tokengym.recorder import read_trajectories, rollout
+
+    path, trajs = rollout_store
+    summary = summarize_store(path)
+    want = Counter()
+    for t in trajs:
+        want.update({k: v for k, v in t.metadata["tool_stats"].items() if k != "consecutive_invalid" and v})
+    want["episodes"] = sum(t.metadata["tool_stats"]["calls"] > 0 for t in trajs)
+    assert summary["tool_calls"] == dict(want) and want["calls"] == want["ok"] > 0
+    assert summary["finish_reasons"] == dict(Counter(r for t in trajs for r in t.finish_reasons))
+    rows = dict(summary_rows(summary))
+    assert rows["tool calls"] == f"{want['calls']} in {want['episodes']} episodes: {want['calls']} valid (ok {want['calls']}, error 0, timed out 0), 0 invalid"
+    assert "cut" not in rows
+
+    cut_path = tmp_path / "cut"
+    policy = ScriptedPolicy(calculator_script(ChatRenderer(qwen25)))
+    with TrajectoryWriter(cut_path, tokenizer=qwen25, tokenizer_name="qwen2.5") as writer:
+        rollout("tokengym/Calculator-v0", policy, episodes=2, seed=0, progress=False, on_episode=writer.write,
+                sampling=SamplingParams(max_tokens=3), env_kwargs={"tokenizer": qwen25, "max_turns": 2})
+    cut = list(read_trajectories(cut_path))
+    n_cut = sum(r == "length" for t in cut for r in t.finish_reasons)
+    assert n_cut > 0 and all(t.stop_reason == "done" or t.truncated for t in cut)
+    code, text, _ = run([cut_path, "--episode", "0"], capsys)
+    assert code == 0 and re.search(rf"^finish reasons\s+length ×{n_cut}", text, re.M)
+    assert re.search(rf"^cut\s+{n_cut} actions stopped at the token limit", text, re.M)
+    first = sum(r == "length" for r in cut[0].finish_reasons)
+    header = next(line for line in text.splitlines() if line.startswith("episode 0 of 2"))
+    assert f"{first} of {len(cut[0].actions)} actions cut at the token limit (finish reason 'length')" in header
+    assert text.splitlines()[-len(cut[0].actions):][0].split()[-1] == cut[0].finish_reasons[0]  # the turn table's column
+    out = tmp_path / "cut.html"
+    assert run([cut_path, "--html", out], capsys)[0] == 0
+    report = parse_report(out.read_text(encoding="utf-8"))
+    assert report.rows["cut"].startswith(f"{n_cut} actions stopped at the token limit")
+    assert "actions cut at the token limit" in out.read_text(encoding="utf-8")
 
 
 def segment_texts_of(traj, tokenizer, kind):

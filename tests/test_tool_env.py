@@ -365,6 +365,29 @@ def test_bad_input_gives_the_model_an_error_and_the_episode_goes_on(tokenizer, c
     assert infos[1]["tool_stats"] == stats  # the final turn adds no calls
 
 
+def test_the_run_summary_counts_tool_calls_by_outcome(qwen25):
+    """A run whose every call failed or timed out does not read as a clean one: the summary counts
+    each call by outcome and says that a timed-out call's thread is still running."""
+    from tokengym.envs import abandoned_threads
+    from tokengym.policies import scripted_replies
+    from tokengym.recorder import rollout, summary_table
+
+    calls = "".join(f'<tool_call>\n{{"name": "{n}", "arguments": {a}}}\n</tool_call>\n' for n, a in
+                    [("boom", "{}"), ("hang", "{}"), ("add", '{"a": 2, "b": 3}'), ("nope", "{}")])
+    result = rollout(lambda: make_env(qwen25).unwrapped, scripted_replies([calls, "<answer>5</answer>"], qwen25),
+                     episodes=2, concurrency=2, progress=False)
+    stats = result.stats
+    assert stats.mean_reward == 1.0
+    assert stats.tool_calls == {"calls": 8, "ok": 2, "error": 2, "timeout": 2, "unknown_tool": 2, "invalid": 2, "episodes": 2}
+    assert stats.abandoned_tool_threads >= 2 and abandoned_threads() >= 2  # the two hung calls, still waiting
+    table = summary_table(stats)
+    line = next(x for x in table.splitlines() if x.startswith("tool calls"))
+    assert line.split(None, 2)[2] == "8 in 2 episodes: 6 valid (ok 2, error 2, timed out 2), 2 invalid (unknown_tool 2)"
+    assert "timed-out tool calls still running in the background" in table
+    NEVER.set()  # let the hung calls return (their threads end)
+    NEVER.clear()
+
+
 def test_huge_output_is_cut_to_the_token_budget(tokenizer):
     env = make_env(tokenizer, max_result_tokens=64)
     traj, infos = play(env, [templated("", call("huge")), ANSWER])

@@ -66,7 +66,7 @@ def demo_store(out: str | None, run: dict[str, Any], episodes: int) -> tuple[str
     from tokengym.recorder.store.manifest import read_manifest
     from tokengym.recorder.store.resume import run_differences
 
-    from .rollout import _spans, _stored_episodes
+    from .rollout import episode_spans, stored_episode_ids
 
     skipped: list[str] = []
     for path in [out] if out else [DEMO_OUT, *(f"{DEMO_OUT}-{n}" for n in range(2, 10_000))]:
@@ -75,13 +75,13 @@ def demo_store(out: str | None, run: dict[str, Any], episodes: int) -> tuple[str
             moved = f" ({skipped[0]} holds a demo with other settings)" if skipped else ""
             return path, list(range(episodes)), f"recording {episodes} episodes to {path}{moved}"
         have = (read_manifest(root) or {}).get("run")
-        stored = _stored_episodes(root)
+        stored = stored_episode_ids(root)
         diff = run_differences(have, run) if have is not None else ["run: stored (none)"]
         if not stored or not diff:
             start = max(stored) + 1 if stored else 0
             ids = list(range(start, start + episodes))
             held = f", which holds {len(stored)} of an earlier demo with these settings" if stored else ""
-            return path, ids, f"appending {episodes} new episodes ({_spans(ids)}, new seeds) to {path}{held}"
+            return path, ids, f"appending {episodes} new episodes ({episode_spans(ids)}, new seeds) to {path}{held}"
         if out:
             raise RunMismatchError(
                 f"{path} holds {len(stored)} episodes recorded with other settings ({'; '.join(diff)}): "
@@ -122,7 +122,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         policy = policy_factory(args, {}, tokenizer)()
         name = args.model
     from tokengym.envs import EnvRef
-    from tokengym.recorder.turnlog import TurnLog, tool_call_counts
+    from tokengym.recorder.turnlog import TurnLog
 
     env_kwargs = {"tokenizer": tokenizer, "max_turns": args.max_turns, "few_shot": args.few_shot}
     template, note = demo_template(args.model, tokenizer)
@@ -147,15 +147,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if callable(close):
             close()
     trajs = result.trajectories
-    calls = tool_call_counts(trajs)
     right = sum(t.reward == 1.0 for t in trajs)
     print()
     print(summary_table(result.stats))
-    print(
-        f"tool calls    {calls['calls']} in {calls['episodes']} of {len(trajs)} episodes: {calls['valid']} valid "
-        f"(parsed and run, {calls['ok']} returned a result), {calls['invalid']} malformed or invalid "
-        "(answered with an error message)"
-    )
     print(
         f"reward        1 when the final turn's <answer>N</answer> is the right number, else 0: "
         f"{right} of {len(trajs)} right, so the mean reward is the share of problems solved"

@@ -21,7 +21,7 @@ from ..report import REPORT_EPISODES, check_ids, render_report
 from ..store import StoreError, accept_shards
 from ..summary import format_summary, summarize_with_totals
 from ..trajectory import Trajectory
-from ..views import printable, render_legend_text, render_trajectory_text, render_turn_table
+from ..views import episode_notes, printable, render_legend_text, render_trajectory_text, render_turn_table
 
 __all__ = ["add_inspect_parser", "cmd_inspect", "main"]
 
@@ -148,6 +148,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             f"{len(traj):,} tokens "
             f"({int(m.sum()):,} policy, {int((m == 0).sum()):,} context) · {traj.num_turns} turns · "
             f"reward {traj.reward:.4g} · stop reason {printable(traj.stop_reason)}"
+            + "".join(f" · {n}" for n in episode_notes(traj))
         )
         if note:
             print(note, file=sys.stderr)

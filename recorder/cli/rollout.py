@@ -156,7 +156,7 @@ def _rollout(args: argparse.Namespace) -> int:
         run["tasks"] = tasks
     try:
         with TrajectoryWriter(args.out, tokenizer=tokenizer, run=run) as writer:
-            ids, note = _plan_episodes(args, _stored_episodes(writer.directory))
+            ids, note = _plan_episodes(args, stored_episode_ids(writer.directory))
             print(note, flush=True)  # what the run does to the store (new, resumed, appended): said even with --quiet
             if not ids:
                 return EXIT_OK
@@ -213,7 +213,7 @@ ROLLOUT_EXIT_CODES = f"""exit status:
 Other env or sampling settings than the store's are refused, naming the difference."""
 
 
-def _stored_episodes(directory: Path) -> set[int]:
+def stored_episode_ids(directory: Path) -> set[int]:
     """The episode indices a store holds (from each trajectory's ``metadata["episode"]``)."""
     from tokengym.recorder import read_table
 
@@ -244,7 +244,7 @@ def _read_tasks(path: str) -> list[dict[str, Any]]:
     return tasks
 
 
-def _spans(ids: Sequence[int]) -> str:
+def episode_spans(ids: Sequence[int]) -> str:
     """``0-5, 8, 10-11``."""
     out, ids = [], sorted(ids)
     i = 0
@@ -264,8 +264,8 @@ def _plan_episodes(args: argparse.Namespace, stored: set[int]) -> tuple[list[int
         g = args.group_size
         start = -(-(max(stored) + 1) // g) * g if stored else 0  # a new group begins
         ids = list(range(start, start + args.episodes))
-        held = f", which holds {len(stored)} (episodes {_spans(stored)})" if stored else ""
-        return ids, f"appending {len(ids)} new episodes ({_spans(ids) or '-'}, new seeds) to {out}{held}"
+        held = f", which holds {len(stored)} (episodes {episode_spans(stored)})" if stored else ""
+        return ids, f"appending {len(ids)} new episodes ({episode_spans(ids) or '-'}, new seeds) to {out}{held}"
     ids = [i for i in range(args.episodes) if i not in stored]
     if not stored:
         return ids, f"recording {len(ids)} episodes to {out}"
@@ -277,7 +277,7 @@ def _plan_episodes(args: argparse.Namespace, stored: set[int]) -> tuple[list[int
         )
     return ids, (
         f"resuming {out}: {done} of {args.episodes} episodes already stored; running the other {len(ids)} "
-        f"(episodes {_spans(ids)}, same seeds)"
+        f"(episodes {episode_spans(ids)}, same seeds)"
     )
 
 

@@ -143,6 +143,13 @@ class RolloutStats:
     """New contexts started mid-episode (``history="deploy"``): each adds a trajectory row."""
     group_rewards: dict[Any, list[float]] = field(default_factory=dict)
     """The returns of each group's finished episodes (runs with ``group_size`` or ``tasks``)."""
+    tool_calls: Counter = field(default_factory=Counter)
+    """The finished episodes' tool calls (each episode's ``tool_stats``): ``calls``, one count per
+    status (``ok``, ``error``, ``timeout``, ``parse_error``, ...), ``invalid`` and ``episodes``
+    (episodes with a call). Empty for envs without tools."""
+    abandoned_tool_threads: int = 0
+    """Timed-out sync tool calls still running in the background when the run ended (Python cannot
+    stop a thread: :func:`tokengym.envs.abandoned_threads`)."""
 
     def group_signal(self) -> GroupSignal:
         """How many of the run's groups have a learning signal (returns that differ: a GRPO advantage
@@ -438,6 +445,10 @@ def _account(stats: RolloutStats, rows: list[Trajectory]) -> None:
         stats.context_resets += len(rows) - 1
     if "group" in rows[-1].metadata:
         stats.group_rewards.setdefault(rows[-1].metadata["group"], []).append(episode_return)
+    tools = rows[-1].metadata.get("tool_stats")
+    if tools:
+        stats.tool_calls.update({k: int(v) for k, v in tools.items() if k != "consecutive_invalid" and v})
+        stats.tool_calls["episodes"] += int(tools.get("calls", 0)) > 0
     for traj in rows:
         stats.finish_reasons.update(reason or "unknown" for reason in traj.finish_reasons)
         summary = traj.conformance_summary

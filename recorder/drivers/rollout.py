@@ -50,6 +50,7 @@ from .episodes import (  # the shared names stay importable from here, where the
 )
 from .runner import Outcome, drive
 from ..trajectory import Trajectory
+from ..views import tool_calls_line
 from ..wrapper import RecordEpisodes
 
 __all__ = [
@@ -178,6 +179,9 @@ def rollout(
             s.env.close()
         if owned and hasattr(policy, "close"):
             policy.close()
+        from tokengym.envs import abandoned_threads
+
+        stats.abandoned_tool_threads = abandoned_threads()
     stats.interrupted = interrupted
     done.sort(key=lambda t: (t.metadata["episode"], t.metadata.get("sequence", 0)))
     return RolloutResult(done, stats, interrupted)
@@ -244,6 +248,11 @@ def summary_table(stats: RolloutStats) -> str:
         ("conformance", ", ".join(f"{k} {v}" for k, v in sorted(stats.conformance.items())) or "-"),
         ("throughput", f"{stats.tokens_per_s:.1f} policy tokens/s, {100 * stats.outside_engine_share:.0f}% of time outside the policy"),
     ]
+    if stats.tool_calls.get("calls"):
+        rows.append(("tool calls", tool_calls_line(stats.tool_calls)))
+    if stats.abandoned_tool_threads:
+        rows.append(("tool threads", f"{stats.abandoned_tool_threads} timed-out tool calls still running in the "
+                     "background (Python cannot stop a thread; make a tool that may hang async, or run it in a subprocess)"))
     if stats.finish_reasons.get("length"):
         rows.append(("cut", f"{stats.finish_reasons['length']} actions stopped at the token limit (finish reason "
                      "'length'): their answers may be incomplete though the episode counts as done"))

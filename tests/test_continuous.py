@@ -170,7 +170,6 @@ def test_a_cancelled_request_leaves_the_batch_and_close_can_cancel(qwen3):
     while decoder.steps < 3:
         time.sleep(0.01)
     assert gone.cancel()
-    steps = decoder.steps
     short = decoder.submit([4, 5], SamplingParams(max_tokens=4, temperature=0.0)).result(timeout=60)
     assert len(short.token_ids) == 4
     time.sleep(0.2)

@@ -143,6 +143,14 @@ def load_transcript(source: str | PathLike[str] | Mapping[str, Any] | Sequence[M
         raise ValueError("a transcript needs at least one assistant message to replay")
     if roles.index("assistant") == 0:
         raise ValueError("a transcript must open with at least one non-assistant message")
+    for i, m in enumerate(normalized[:-1]):
+        if m["role"] == "assistant" and m.get("tool_calls") and roles[i + 1] != "tool":
+            n = len(m["tool_calls"])
+            raise ValueError(
+                f"message {i + 1} ({roles[i + 1]}): message {i} (assistant) made {n} tool call{'s' * (n != 1)} and no "
+                "result follows it; put the results right after it as role 'tool' messages (one per call, "
+                "with its tool_call_id), or drop the calls"
+            )
     return {"messages": normalized, "tools": copy.deepcopy(list(tools)) if tools else None}
 
 

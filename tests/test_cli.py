@@ -97,6 +97,10 @@ def _broken(mutate) -> list[dict]:
         ),
         (lambda m: m[2].update(tool_call=m[2].pop("tool_calls")), r'message 2: unknown key \'tool_call\'; did you mean "tool_calls"'),
         (lambda m: m[3].update(tool_calls=[]), r"message 3: a tool message has tool_calls"),
+        (  # a call whose result is missing: the next message is another assistant turn
+            lambda m: m.__setitem__(slice(3, None), [{"role": "assistant", "content": "Done."}]),
+            r"message 3 \(assistant\): message 2 \(assistant\) made 2 tool calls and no result follows it; put the results",
+        ),
         (lambda m: m[2].update(tool_calls={"name": "x"}), r"message 2: tool_calls is dict; write a list"),
         (lambda m: m[1].update(content=5), r"message 1: content is int"),
         # A known role that Qwen2.5's template skips: found by the render, not by the names.

@@ -52,6 +52,20 @@ def test_a_notebook_is_stored_with_the_outputs_of_a_complete_run(path: Path):
         assert any("tokengym-trajectory" in "".join(o.get("data", {}).get("text/html", "")) for o in outputs)
 
 
+def test_quickstart_lists_the_envs_that_are_registered_now():
+    """The stored list of envs is the one a fresh run prints (it once showed 6 of 7)."""
+    import ast
+
+    import tokengym.envs
+
+    nb = json.loads((NOTEBOOKS / "quickstart.ipynb").read_text(encoding="utf-8"))
+    (cell,) = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).rstrip().endswith("registered_envs()")]
+    (shown,) = ["".join(o["data"]["text/plain"]) for o in cell["outputs"] if "text/plain" in o.get("data", {})]
+    assert ast.literal_eval(shown) == tokengym.envs.registered_envs(), (
+        "refresh notebooks/quickstart.ipynb with tests/notebook_run.py"
+    )
+
+
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
 def test_stored_outputs_are_small_and_show_nothing_of_the_machine(path: Path):
     """No absolute path (a home, a temp folder, the checkout), host or user name, and no megabyte blob."""

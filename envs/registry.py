@@ -213,6 +213,18 @@ def make_env(spec: str, imports: Sequence[str] = (), kwargs: Mapping[str, Any] |
     """``gym.make`` of the env ``spec`` names (see :func:`resolve_env_id`), with ``kwargs``; an
     argument the env does not take is a ValueError that lists the ones passed."""
     env_id, kwargs = resolve_env_id(spec, imports), dict(kwargs or {})
+    entry = gym.spec(env_id).entry_point
+    if isinstance(entry, str):
+        from gymnasium.envs.registration import load_env_creator
+
+        try:
+            load_env_creator(entry)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(
+                f"{env_id} cannot be made: its entry point {entry!r} does not load ({type(err).__name__}: {err}); "
+                f"install the package that provides {entry.partition(':')[0]!r}, or fix the entry point where "
+                f"{env_id} is registered"
+            ) from err
     try:
         return gym.make(env_id, **kwargs)
     except TypeError as err:

@@ -554,6 +554,21 @@ def test_a_run_that_failed_before_its_first_episode_does_not_lock_its_store(tmp_
     assert "recorded with other run settings" in capsys.readouterr().err
 
 
+def test_an_entry_point_whose_module_is_missing_is_an_error_that_names_it(tmp_path, capsys, monkeypatch):
+    """Not a raw traceback (exit 1): the entry point, the missing module and the fix, exit 2."""
+    (tmp_path / "broken_entry.py").write_text(
+        "import gymnasium as gym\n"
+        "gym.register('tokengym-tests/BrokenEntry-v0', entry_point='no_such_package_here.envs:Env')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    code = main(["rollout", "broken_entry:tokengym-tests/BrokenEntry-v0", "--policy", "scripted", "--reply", "hi",
+                 "--tokenizer", "qwen2.5", "--episodes", "1", "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert ("its entry point 'no_such_package_here.envs:Env' does not load (ModuleNotFoundError: No module named "
+            "'no_such_package_here'); install the package that provides 'no_such_package_here.envs'") in err
+
+
 def test_a_near_miss_of_the_bundled_models_name_is_named(tmp_path, capsys):
     from tokengym.policies.model_loading import resolve_model
 

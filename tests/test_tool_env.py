@@ -545,9 +545,13 @@ def test_constructor_validation(qwen25):
 
 
 def make_notes(task):
-    """Per-episode state through a factory: closures over a fresh dict."""
+    """Per-episode state through a factory: closures over a fresh dict (sequential: a turn's
+    ``titles`` call sees the ``write`` before it; parallel calls would race)."""
+    from tokengym.envs import tool
+
     notes: dict[str, str] = {}
 
+    @tool(parallel=False)
     def write(title: str, text: str) -> str:
         """Save a note.
 
@@ -558,6 +562,7 @@ def make_notes(task):
         notes[title] = text
         return f"saved {title}"
 
+    @tool(parallel=False)
     def titles() -> list[str]:
         """The titles of all notes."""
         return sorted(notes)

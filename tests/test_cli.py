@@ -300,36 +300,44 @@ def test_rollout_exits_non_zero_and_lists_failures_when_episodes_fail(tmp_path, 
     assert stored_episodes(out) == [0, 3, 5, 6]
 
 
+def signal_when_stored(cmd, out, episodes, signum):
+    """Run ``cmd``, send it ``signum`` once ``out`` holds ``episodes`` episodes; (process, stdout, stderr)."""
+    import time
+
+    from tokengym.recorder.store import store_counts
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out.exists() and sum(store_counts(out)[k] for k in ("shard_rows", "log_rows")) >= episodes):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no episode was stored in time"
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc, stdout, stderr
+
+
 @pytest.mark.slow
 def test_a_stopped_run_of_the_hf_policy_exits_130_not_an_abort(qwen25, tmp_path):
     """The HF policy decodes on a thread of its own; a Ctrl-C while requests are decoding used to
     leave it inside torch at exit: ``terminate called without an active exception``, exit 134.
-    (SIGTERM takes the same path: the test above sends it to the scripted policy.)"""
+    (SIGTERM takes the same path: the test below sends it to the scripted policy.)"""
     import signal
-    import time
 
     from tiny_qwen3 import save_tiny_qwen3
-
-    from tokengym.recorder.store import store_counts
 
     model_dir, _ = save_tiny_qwen3(qwen25, tmp_path / "model")
     out = tmp_path / "store"
     cmd = [sys.executable, "-m", "tokengym.recorder.cli", "rollout", "tokengym/Calculator-v0", "--model", str(model_dir),
            "--episodes", "200", "--concurrency", "4", "--max-turns", "1", "--max-tokens", "400", "--quiet",
            "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not (out.exists() and sum(store_counts(out)[k] for k in ("shard_rows", "log_rows")) >= 2):
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "no episode was stored in time"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)  # the other requests are mid-decode (400 tokens each)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    # Stopped once two episodes are stored, while the other requests are mid-decode (400 tokens each).
+    proc, stdout, stderr = signal_when_stored(cmd, out, 2, signal.SIGINT)
     assert proc.returncode == 130 and "terminate called" not in stderr, stderr[-3000:]
     assert "interrupted: " in stdout and "run the same command again to continue" in stdout
     assert len(stored_episodes(out)) >= 2
@@ -338,25 +346,10 @@ def test_a_stopped_run_of_the_hf_policy_exits_130_not_an_abort(qwen25, tmp_path)
 @pytest.mark.slow
 def test_sigterm_stops_the_cli_cleanly_and_the_same_command_continues(tmp_path, capsys):
     import signal
-    import time
-
-    from tokengym.recorder.store import store_counts
 
     out = tmp_path / "store"
     cmd = [sys.executable, "-m", "tokengym.recorder.cli", *CALC, "--episodes", "5000", "--concurrency", "2", "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not (out.exists() and sum(store_counts(out)[k] for k in ("shard_rows", "log_rows")) >= 4):
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "no episode was stored in time"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    proc, stdout, stderr = signal_when_stored(cmd, out, 4, signal.SIGTERM)
     assert proc.returncode == 130, stderr[-3000:]
     match = re.search(r"interrupted: (\d+) finished, (\d+) not run", stdout)
     assert match, stdout

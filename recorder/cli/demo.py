@@ -133,7 +133,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(
         f"Running {args.episodes} tokengym/Calculator-v0 episodes, {args.concurrency} at a time "
         f"(temperature {args.temperature}, up to {args.max_tokens} tokens a turn, {args.max_turns} turns, "
-        f"{args.few_shot} worked examples before each question); a line per turn:",
+        f"{args.few_shot} worked examples before each question); a line per turn. The bar counts finished "
+        "episodes: on a CPU the first turns take a while, and its tok= count moves as tokens are sampled:",
         flush=True,
     )
     try:

@@ -19,7 +19,7 @@ import pyarrow as pa
 from .store import MANIFEST_NAME, SCHEMA_VERSION, StoreError, log_paths, shard_paths
 from .store.manifest import read_manifest
 from .store.reader import store_batches
-from .views import printable, tool_calls_line
+from .views import add_tool_stats, printable, tool_calls_line
 
 __all__ = ["Totals", "format_summary", "summarize_store", "summarize_with_totals", "summary_rows"]
 
@@ -73,9 +73,7 @@ class Totals:
                 tools = (json.loads(raw) if raw else {}).get("tool_stats")
             except (json.JSONDecodeError, AttributeError) as err:
                 raise ValueError(f"unreadable metadata ({err})") from err
-            if isinstance(tools, dict) and tools.get("calls"):
-                self.tools.update({k: int(v) for k, v in tools.items() if k != "consecutive_invalid" and v})
-                self.tools["episodes"] += 1
+            add_tool_stats(self.tools, tools)
         for raw in batch.column("conformance_summary").to_pylist():
             try:
                 c = json.loads(raw) if raw else {}

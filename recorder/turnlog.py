@@ -8,6 +8,7 @@ each turn did as it happens, above the bar: ``tokengym demo`` wraps its envs in 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -15,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 
 from .trajectory import Trajectory
+from .views import add_tool_stats
 
 __all__ = ["TurnLog", "describe_turn", "tool_call_counts"]
 
@@ -96,14 +98,9 @@ def tool_call_counts(trajectories: Iterable[Trajectory]) -> dict[str, int]:
     (attempts), ``valid`` (parsed and run: ``ok``, ``error``, ``timeout``), ``ok`` (returned a
     result), ``invalid`` (malformed, wrong format, unknown tool, bad arguments) and ``episodes``
     (episodes with at least one attempt)."""
-    out = {"calls": 0, "valid": 0, "ok": 0, "invalid": 0, "episodes": 0}
+    counts: Counter[str] = Counter()
     for t in trajectories:
-        stats: dict[str, Any] = t.metadata.get("tool_stats") or {}
-        calls = int(stats.get("calls", 0))
-        out["calls"] += calls
-        out["ok"] += int(stats.get("ok", 0))
-        out["valid"] += sum(int(stats.get(k, 0)) for k in ("ok", "error", "timeout"))
-        out["invalid"] += int(stats.get("invalid", 0))
-        out["episodes"] += calls > 0
-    return out
+        add_tool_stats(counts, t.metadata.get("tool_stats"))
+    valid = counts["ok"] + counts["error"] + counts["timeout"]
+    return {"calls": counts["calls"], "valid": valid, "ok": counts["ok"], "invalid": counts["invalid"], "episodes": counts["episodes"]}
 

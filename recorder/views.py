@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import os
 import re
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ __all__ = [
     "ANSI_COLORS",
     "HTML_COLORS",
     "TrajectoryView",
+    "add_tool_stats",
     "episode_notes",
     "render_legend_text",
     "render_trajectory_html",
@@ -287,6 +289,14 @@ def episode_notes(traj: Trajectory) -> list[str]:
     if isinstance(tools, dict) and tools.get("calls"):
         notes.append("tool calls " + tool_calls_line({**tools, "episodes": 1}).split(": ", 1)[1])
     return notes
+
+
+def add_tool_stats(counts: Counter, tool_stats: Any) -> None:
+    """Add one episode's ``tool_stats`` (the env's counters) to a run's ``counts``: each counter but
+    the running ``consecutive_invalid``, and ``episodes`` (episodes with a call)."""
+    if isinstance(tool_stats, Mapping) and tool_stats.get("calls"):
+        counts.update({k: int(v) for k, v in tool_stats.items() if k != "consecutive_invalid" and v})
+        counts["episodes"] += 1
 
 
 def tool_calls_line(counts: Mapping[str, int]) -> str:

@@ -26,6 +26,7 @@ from tokengym.policies import Generation, Policy, SamplingParams
 from ..advantages import GroupSignal
 from ..stopping import uninterrupted
 from ..trajectory import Trajectory
+from ..views import add_tool_stats
 from ..wrapper import RecordEpisodes
 
 __all__ = [
@@ -445,10 +446,7 @@ def _account(stats: RolloutStats, rows: list[Trajectory]) -> None:
         stats.context_resets += len(rows) - 1
     if "group" in rows[-1].metadata:
         stats.group_rewards.setdefault(rows[-1].metadata["group"], []).append(episode_return)
-    tools = rows[-1].metadata.get("tool_stats")
-    if tools:
-        stats.tool_calls.update({k: int(v) for k, v in tools.items() if k != "consecutive_invalid" and v})
-        stats.tool_calls["episodes"] += int(tools.get("calls", 0)) > 0
+    add_tool_stats(stats.tool_calls, rows[-1].metadata.get("tool_stats"))
     for traj in rows:
         stats.finish_reasons.update(reason or "unknown" for reason in traj.finish_reasons)
         summary = traj.conformance_summary

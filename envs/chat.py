@@ -357,14 +357,16 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         context_reset = False
         if stop_reason is None:
             new = [dict(m) for m in response.messages]
-            if self.history == "deploy":
-                obs_ids, obs_text, context_reset = self._deploy_observation(new)
-                start = 0 if context_reset else self.num_tokens
-            else:
-                obs = self.renderer.observation(
-                    new, self._tools, assistant_tool_calls=response.tool_calls, closed=closed_by in ("end_of_turn", "eos")
-                )
-                obs_ids, obs_text, start = obs.ids, obs.text, self.num_tokens
+            try:
+                obs_ids, obs_text, start, context_reset = self._observation(new, response.tool_calls, closed_by)
+            except TemplateError as err:  # the template refuses what the env answers: the model reads why
+                new = [dict(m) for m in self.refused_observation(response, err)]
+                response.info.setdefault("render_refused", str(err))
+                at = len(self._messages) - 1
+                split = self._structured_at.pop(at, None)
+                if response.message is not None and split is not None:  # the turn's channels, without the calls
+                    self._structured_at[at] = {k: v for k, v in split.items() if k != "tool_calls"}
+                obs_ids, obs_text, start, context_reset = self._observation(new, None, closed_by)
             if start + len(obs_ids) >= self._limit:
                 stop_reason, obs_ids, context_reset = "context_length", [], False
             else:
@@ -489,6 +491,26 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         if ends_with_stop_string(ids, self.stop_strings, self.renderer.tokenizer):
             return ids, "stop_string"
         return ids, "none"
+
+    def refused_observation(self, response: EnvResponse, err: TemplateError) -> list[Message]:
+        """The messages to render instead of ``response.messages`` (what :meth:`respond` answered)
+        when the chat template refuses them with the turn's parsed calls (``response.info`` may be
+        updated). The default raises ``err``: a
+        plain chat env's answer is its own text, so a refusal is the env's bug. :class:`ToolEnv`
+        answers with an error message the model reads, as for a malformed call."""
+        raise err
+
+    def _observation(
+        self, new: list[Message], tool_calls: list[dict[str, Any]] | None, closed_by: ClosedBy
+    ) -> tuple[list[int] | np.ndarray, str, int, bool]:
+        """The tokens ``new`` appends (ids, text, where they start, whether they start a new sequence)."""
+        if self.history == "deploy":
+            ids, text, context_reset = self._deploy_observation(new)
+            return ids, text, 0 if context_reset else self.num_tokens, context_reset
+        obs = self.renderer.observation(
+            new, self._tools, assistant_tool_calls=tool_calls, closed=closed_by in ("end_of_turn", "eos")
+        )
+        return obs.ids, obs.text, self.num_tokens, False
 
     def _deploy_observation(self, new: list[Message]) -> tuple[list[int], str, bool]:
         """``history="deploy"``: what the template renders for the whole conversation so far (what a

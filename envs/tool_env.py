@@ -30,7 +30,7 @@ import numpy as np
 
 from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt
 from .parsers import ParsedCall, ToolCallParser, call_evidence, get_parser, parse_calls
-from .render import Message
+from .render import Message, TemplateError
 from .function_tools import Tool, ToolCall, expand_tools
 from .tool_runner import ToolRunner
 
@@ -173,7 +173,10 @@ class CallRecord:
 
 
 def _new_stats() -> dict[str, int]:
-    return {"calls": 0, **{s: 0 for s in _STATUSES}, "invalid": 0, "truncated": 0, "consecutive_invalid": 0}
+    return {
+        "calls": 0, **{s: 0 for s in _STATUSES}, "invalid": 0, "truncated": 0, "consecutive_invalid": 0,
+        "render_refused": 0,
+    }
 
 
 # ------------------------------------------------------------------------ env
@@ -399,6 +402,8 @@ class ToolEnv(ChatEnv):
             msg: Message = {"role": "tool", "content": r.content}
             if r.id is not None:
                 msg["tool_call_id"] = r.id
+            elif self.parser.results_need_ids:
+                msg["tool_call_id"] = self.parser.make_call_id(turn.turn, r.index)
             if r.name is not None:
                 msg["name"] = r.name
             messages.append(msg)
@@ -421,6 +426,20 @@ class ToolEnv(ChatEnv):
         if split is not None and calls:
             split = _with_call_ids(split, calls)
         return EnvResponse(messages, reward, tool_calls=shown, info=info, stop_reason=stop, message=split)
+
+    def refused_observation(self, response: EnvResponse, err: TemplateError) -> list[Message]:
+        """One error message in place of results the template refuses to render with their calls."""
+        why = str(err.__cause__ or err).strip().splitlines()[0][:300]
+        self._stats["render_refused"] += 1
+        response.info["tool_stats"] = dict(self._stats)
+        text = (
+            f"Error: the chat template refused to render this turn's tool calls and results ({why}); "
+            f"what the tools returned cannot be shown. {self.parser.hint}"
+        ).rstrip()
+        msg: Message = {"role": "tool", "content": text}
+        if self.parser.results_need_ids:
+            msg["tool_call_id"] = self.parser.make_call_id(self._turn, 0)
+        return [msg]
 
     def _run(self, attempts: list[ParsedCall], turn: int) -> list[CallRecord]:
         limit = self.max_tool_calls_per_turn

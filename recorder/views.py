@@ -313,4 +313,6 @@ def tool_calls_line(counts: Mapping[str, int]) -> str:
         line += f", {over} over the per-turn call limit"
     if counts.get("truncated"):
         line += f"; {counts['truncated']} results cut to the token budget"
+    if counts.get("render_refused"):
+        line += f"; {counts['render_refused']} turns whose results the chat template refused to render"
     return line

@@ -216,3 +216,67 @@ RANDOM = [f for f in FAMILIES if not unusable(f)]
 def test_random_tool_conversations_keep_the_law(fam, data):
     messages = data.draw(tool_conversations(fam))
     check_law(fam, messages, conversations(fam)["single_call"].tools)
+
+
+# ------------------------------------------------------------ model text never raises out of step
+def fuzzed_actions(fam: Family, env: Any, rng: np.random.Generator) -> list[tuple[str, list[int]]]:
+    """Texts a model might write on this family's template, as token ids: a call in every family's
+    format (good, an unknown tool, bad arguments, Mistral's with a bad id), the same cut, with a
+    character dropped or a bracket added, and runs of random token ids (control tokens included)."""
+    from call_formats import FORMATS, VARIANTS
+
+    writers = [*FORMATS.values(), *(w for _, w in VARIANTS.values())]
+    calls = [
+        [("calculate", {"expression": "6 * 7"})],
+        [("calculate", {"expression": "1 + 1"}), ("calculate", {"expression": "2 * 3"})],
+        [("nope", {"expression": "1"})],
+        [("calculate", {"expr": [1, {"x": None}]})],
+    ]
+    texts = [w(c) for w in writers for c in calls]
+    texts += [t.replace("mdl000000", "abc") for t in texts if "mdl000000" in t]
+    mutated = []
+    for _ in range(40):
+        t = texts[int(rng.integers(len(texts)))]
+        at = int(rng.integers(len(t) + 1))
+        kind = int(rng.integers(3))
+        mutated.append(t[:at] if kind == 0 else t[:at] + t[at + 1:] if kind == 1 else t[:at] + "[{<\"|"[int(rng.integers(5))] + t[at:])
+    tok = env.renderer.tokenizer
+    end = list(env.renderer.turn_ends[0])
+    actions = [(t, tok.encode(t, add_special_tokens=False) + end) for t in texts + mutated]
+    vocab = len(tok)
+    for n in (1, 5, 40):
+        ids = rng.integers(0, vocab, size=n).tolist()
+        actions.append((f"{n} random ids", ids + end))
+        actions.append((f"{n} random ids, not closed", ids))
+    return actions
+
+
+@pytest.mark.parametrize("fam", FAMILIES, ids=[f.name for f in FAMILIES])
+def test_step_never_raises_on_model_text(fam):
+    """Whatever the model writes (another family's call format, bad JSON, an id Mistral's templates
+    refuse, random tokens), ``step`` answers with an observation or ends the episode: a call the
+    template refuses to render is an error message the model reads, never an exception."""
+    env = gym.make(
+        "tokengym/Calculator-v0",
+        tokenizer=tokenizer_for(fam),
+        chat_template=fam.chat_template,
+        template_kwargs=dict(fam.template_kwargs),
+        parser=fam.parser,
+        require_tools_in_prompt=fam.shows_tools,
+        conformance="off",
+        max_action_tokens=None,
+    ).unwrapped
+    rng = np.random.default_rng(sum(map(ord, fam.name)))
+    statuses: set[str] = set()
+    for text, ids in fuzzed_actions(fam, env, rng):
+        env.reset(seed=0)
+        try:
+            obs, reward, term, trunc, info = env.step(np.array(ids, dtype=np.int64))
+        except Exception as err:  # noqa: BLE001 - the point: name the text that raised
+            raise AssertionError(f"{fam.name}: step raised on {text[:120]!r}") from err
+        assert obs.ndim == 1 and obs.dtype.kind == "i" and np.isfinite(reward)
+        assert (term or trunc) or len(obs) > 0, (fam.name, text[:120])
+        statuses.update(r["status"] for r in info.get("tool_results", ()))
+    # The fuzz reached the paths it is for: runs, and calls refused by the parser.
+    assert "ok" in statuses and statuses & {"parse_error", "unknown_tool", "invalid_arguments", "wrong_format"}, statuses
+    env.close()

@@ -388,6 +388,52 @@ def test_the_run_summary_counts_tool_calls_by_outcome(qwen25):
     NEVER.clear()
 
 
+# A template that refuses one tool's calls, as Mistral's refuse ids they do not like (a test's own
+# failure path, put in front of the library's ChatML tool template).
+REFUSES_BOOM = (
+    "{%- for m in messages %}{%- for c in (m.tool_calls or []) %}{%- if c.function.name == 'boom' %}"
+    "{{- raise_exception('boom calls are not rendered') }}{%- endif %}{%- endfor %}{%- endfor %}"
+)
+
+
+def test_results_the_template_refuses_to_render_are_an_error_the_model_reads(qwen25):
+    from tokengym.envs.templates import CHATML_TOOLS
+    from tokengym.recorder import rollout, summary_table
+    from tokengym.policies import scripted_replies
+
+    env = make_env(qwen25, chat_template=REFUSES_BOOM + CHATML_TOOLS)
+    traj, infos = play(env, [raw('<tool_call>\n{"name": "boom", "arguments": {}}\n</tool_call>'), ANSWER])
+    first = infos[0]
+    assert first["tool_results"][0]["status"] == "error"  # the call ran; its result cannot be shown
+    assert "refused to render this turn's tool calls and results (boom calls are not rendered)" in first["obs_text"]
+    assert "boom calls are not rendered" in first["render_refused"]
+    assert first["tool_stats"]["render_refused"] == 1
+    assert traj.terminated and traj.reward == 1.0  # the episode went on
+    # The run's summary says so.
+    result = rollout(lambda: make_env(qwen25, chat_template=REFUSES_BOOM + CHATML_TOOLS).unwrapped,
+                     scripted_replies(['<tool_call>\n{"name": "boom", "arguments": {}}\n</tool_call>', "<answer>5</answer>"],
+                                      qwen25), episodes=1, progress=False)
+    assert "1 turns whose results the chat template refused to render" in summary_table(result.stats)
+
+
+def test_a_plain_chat_env_whose_answer_the_template_refuses_raises(qwen25):
+    """A plain chat env writes its own answers: the template refusing one is the env's bug, named."""
+    from tokengym.envs import ChatEnv, EnvResponse, Prompt, TemplateError
+    from tokengym.envs.templates import CHATML_TOOLS
+
+    class Refused(ChatEnv):
+        def make_prompt(self, options):
+            return Prompt([{"role": "user", "content": "hi"}])
+
+        def respond(self, turn):
+            return EnvResponse([{"role": "user", "content": "again"}])
+
+    env = Refused(qwen25, chat_template="{{- raise_exception('no') if messages | length > 2 }}" + CHATML_TOOLS)
+    env.reset(seed=0)
+    with pytest.raises(TemplateError, match="no"):
+        env.step(np.array(qwen25.encode("hello", add_special_tokens=False) + [qwen25.convert_tokens_to_ids("<|im_end|>")]))
+
+
 def test_huge_output_is_cut_to_the_token_budget(tokenizer):
     env = make_env(tokenizer, max_result_tokens=64)
     traj, infos = play(env, [templated("", call("huge")), ANSWER])

@@ -126,6 +126,9 @@ class ToolCallParser:
     hint: ClassVar[str] = ""
     """How a call is written, appended to every format error."""
     argument_keys: ClassVar[tuple[str, ...]] = ("arguments", "parameters")
+    results_need_ids: ClassVar[bool] = False
+    """The family's templates refuse a tool message without a call id (Mistral's): the error
+    message of a call that did not run gets one from :meth:`make_call_id` too."""
 
     def parse(self, text: str, tools: Iterable[Mapping[str, Any]] | Schemas | None = None) -> list[ParsedCall]:
         """Every tool-call attempt in ``text``, in order; malformed ones carry the error the model is shown.

@@ -26,6 +26,7 @@ class MistralParser(ToolCallParser):
 
     name = "mistral"
     bot = "[TOOL_CALLS]"
+    results_need_ids = True
     hint = 'Write the calls as [TOOL_CALLS][{"name": "<tool>", "arguments": {...}, "id": "<9 letters or digits>"}].'
 
     def make_call_id(self, turn: int, index: int) -> str:

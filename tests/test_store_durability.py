@@ -33,6 +33,7 @@ from tokengym.recorder.cli import main
 from tokengym.recorder.store import (
     MANIFEST_NAME,
     CorruptShardError,
+    ForeignLogError,
     ShardListError,
     StoreWarning,
     TrajectoryWriter,
@@ -496,3 +497,98 @@ def test_one_flipped_byte_is_damage_said_not_a_torn_end_that_drops_the_rest(qwen
     with pytest.raises(CorruptShardError, match="damaged record"):  # and no writer cuts it either
         TrajectoryWriter(tmp_path, tokenizer=qwen25)
     assert log.read_bytes() == bytes(data)
+
+
+# ----------------------------------------------------------------- logs that are not the store's own
+def left_log(directory: Path, tok, seeds, **kwargs) -> Path:
+    """A store whose writer was killed with ``seeds`` in its episode log; the log's path."""
+    writer = TrajectoryWriter(directory, tokenizer=tok, **kwargs)
+    for t in episodes(tok, seeds):
+        writer.write(t)
+    (log,) = log_paths(directory)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StoreWarning)
+        del writer  # as if killed: the log is not compacted
+        gc.collect()
+    return log
+
+
+def refused_everywhere(store: Path, tok, match: str) -> None:
+    """Neither a reader nor a writer adopts the store's logs, and nothing in it changes."""
+    before = {p.name: p.read_bytes() for p in store.iterdir() if p.is_file() and p.name != ".tokengym.lock"}
+    with pytest.raises(ForeignLogError, match=match):
+        list(read_trajectories(store))
+    with pytest.raises(ForeignLogError, match=match):
+        TrajectoryWriter(store, tokenizer=tok)
+    after = {p.name: p.read_bytes() for p in store.iterdir() if p.is_file() and p.name != ".tokengym.lock"}
+    assert after == before  # nothing compacted, cut or rewritten
+
+
+def test_a_record_written_twice_is_refused_by_byte(qwen25, tmp_path):
+    log = left_log(tmp_path, qwen25, range(3))
+    data = log.read_bytes()
+    last = data.rindex(b"TGR1")
+    log.write_bytes(data + data[last:])  # the last record again
+    refused_everywhere(tmp_path, qwen25, rf"record at byte {len(data)} is the record at byte {last} earlier in this log")
+
+
+def test_a_copied_log_is_refused(qwen25, tmp_path):
+    log = left_log(tmp_path, qwen25, range(2))
+    (tmp_path / ".part-00007.log").write_bytes(log.read_bytes())
+    refused_everywhere(tmp_path, qwen25, r"\.part-00007\.log: the record at byte \d+ is the record at byte \d+ in \.part-00000\.log")
+
+
+def test_a_copy_of_a_log_a_shard_holds_is_refused(qwen25, tmp_path):
+    writer = TrajectoryWriter(tmp_path, tokenizer=qwen25, shard_size=2)
+    trajs = episodes(qwen25, range(3))
+    writer.write(trajs[0])
+    (log,) = log_paths(tmp_path)
+    copy = log.read_bytes()
+    writer.write(trajs[1])  # the log becomes part-00000.parquet and is removed
+    writer.close()
+    assert not log.exists() and [p.name for p in shard_paths(tmp_path)] == ["part-00000.parquet"]
+    (tmp_path / ".part-00001.log").write_bytes(copy)
+    refused_everywhere(tmp_path, qwen25, r"a copy of the log that became part-00000\.parquet")
+
+
+def test_a_log_of_another_store_or_run_is_refused(qwen25, tmp_path):
+    theirs = left_log(tmp_path / "theirs", qwen25, range(2), run={"env_id": "tokengym/Other-v0"})
+    ours = tmp_path / "ours"
+    with TrajectoryWriter(ours, tokenizer=qwen25, run={"env_id": "tokengym/Ours-v0"}) as writer:
+        writer.write(episodes(qwen25, [5])[0])
+    (ours / ".part-00003.log").write_bytes(theirs.read_bytes())
+    refused_everywhere(ours, qwen25, r"\.part-00003\.log: an episode log of another store")
+    # A store whose manifest predates store ids still tells another run's log by its settings.
+    manifest = json.loads((ours / MANIFEST_NAME).read_text())
+    del manifest["store_id"]
+    (ours / MANIFEST_NAME).write_text(json.dumps(manifest))
+    refused_everywhere(ours, qwen25, r"\.part-00003\.log: an episode log written under other run settings")
+    # Moved away (what the message says), the store is whole again, and a writer resumes it.
+    (ours / ".part-00003.log").unlink()
+    with TrajectoryWriter(ours, tokenizer=qwen25, run={"env_id": "tokengym/Ours-v0"}) as writer:
+        writer.write(episodes(qwen25, [6])[0])
+    assert [t.seed for t in read_trajectories(ours)] == [5, 6]
+
+
+def test_a_log_without_ids_of_an_older_tokengym_is_still_taken_over(qwen25, tmp_path, monkeypatch):
+    from tokengym.recorder.store import episode_log, writer as writer_module
+
+    real = episode_log.encode_row
+
+    def old_record(row):  # as tokengym wrote records before they had ids
+        import secrets
+
+        monkeypatch.setattr(secrets, "token_hex", lambda n: None)
+        try:
+            return real(row)
+        finally:
+            monkeypatch.undo()
+
+    monkeypatch.setattr(writer_module, "encode_row", old_record)
+    log = left_log(tmp_path, qwen25, range(2))
+    monkeypatch.undo()
+    assert b'"rid": null' in log.read_bytes()
+    with TrajectoryWriter(tmp_path, tokenizer=qwen25) as writer:
+        assert writer.recovered == 2
+        writer.write(episodes(qwen25, [2])[0])
+    assert [t.seed for t in read_trajectories(tmp_path)] == [0, 1, 2]

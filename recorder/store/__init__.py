@@ -73,8 +73,10 @@ JSON object with ``schema_version``, ``tokenizer_name`` and ``tokenizer_hash``; 
 manifest holds the same plus ``format``, ``vocab_size``, ``shards`` (one
 ``{"name", "rows", "bytes", "sha256"}`` per shard, in order) and, when the writer was given
 one, ``run`` (the run's settings, e.g. ``tokengym rollout``'s env, sampling and seed). The
-episode log's header holds the same three facts as a shard's metadata, and each record one
-trajectory in a compact binary form (see :mod:`~tokengym.recorder.store.episode_log`) with a CRC32.
+episode log's header holds the same three facts as a shard's metadata plus the store's id (the
+manifest's ``store_id``), a hash of the run settings and the log's own id (which the shard made from
+it keeps as ``log_id``), and each record one trajectory in a compact binary form (see
+:mod:`~tokengym.recorder.store.episode_log`) with a record id and a CRC32.
 
 Guarantees and refusals:
 
@@ -93,7 +95,12 @@ Guarantees and refusals:
   the log removed. A writer that opens a store left by a crashed one recovers: a log
   whose shard was written is dropped (its rows are in the shard, exactly once), any other
   log is taken over (a torn last record, from a kill mid-write, is cut off), temp files
-  are removed.
+  are removed. Damage that is not a torn end (a length pointing past whole records, a whole
+  record whose checksum fails) is an error naming the byte, never a silent cut.
+* Only the store's own logs are read: a log copied in from another store or written under
+  other run settings, a copy of a log (or of one a shard holds already) and a record written
+  twice are refused by readers and writers alike (:class:`ForeignLogError`, naming the file
+  and the byte), before anything is compacted (:mod:`~tokengym.recorder.store.log_origin`).
 * The store knows its shards: a shard listed in the manifest but missing, a shard on disk
   that the manifest does not list, or one whose row count differs is an error naming the
   file. :func:`accept_shards` (``tokengym inspect DIR --accept-shards``) makes the manifest
@@ -124,6 +131,7 @@ Modules, one concept each (this package re-exports their public names):
 ``fingerprint``  :func:`tokenizer_fingerprint`: when two stores' token ids mean the same tokens
 ``manifest``     the shard list: reading, writing, opening a shard, :func:`accept_shards`
 ``episode_log``  the log's record format: encoding, decoding, cutting a torn last record
+``log_origin``   whether a log is the store's own: store, run and log ids, records written twice
 ``rows``         a trajectory as a row of the schema, and a row back as an exact trajectory
 ``resume``       what a writer checks before it continues a store; :func:`run_differences`
 ``writer``       :class:`TrajectoryWriter`: lock, log, group fsync, compaction, crash recovery
@@ -135,6 +143,7 @@ Modules, one concept each (this package re-exports their public names):
 from .errors import (
     CorruptShardError,
     DiskFullError,
+    ForeignLogError,
     RunMismatchError,
     SchemaVersionError,
     ShardListError,
@@ -159,6 +168,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "CorruptShardError",
     "DiskFullError",
+    "ForeignLogError",
     "RunMismatchError",
     "SchemaVersionError",
     "ShardListError",

@@ -8,9 +8,10 @@ damage and cut off. Readers read the logs after the shards, so nothing written i
 from __future__ import annotations
 
 import json
+import secrets
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ _CODE_KIND = {v: k for k, v in _KIND_CODE.items()}
 
 
 def encode_row(row: dict[str, Any]) -> bytes:
+    """One record, with a random id of its own (``rid``): what tells a record written twice."""
     values, given = row["logprobs"]
     segs = row["segments"]
     meta = {k: v for k, v in row.items() if k not in ("token_ids", "mask", "logprobs", "segments", "turn_rewards", *_RAW_TEXT)}
@@ -53,6 +55,7 @@ def encode_row(row: dict[str, Any]) -> bytes:
     meta["kinds"] = "".join(_KIND_CODE[s["kind"]] for s in segs)
     meta["turns"] = len(row["turn_rewards"])
     meta["text"] = [None if t is None else len(t) for t in texts]
+    meta["rid"] = secrets.token_hex(8)
     head = json.dumps(meta, ensure_ascii=False).encode("utf-8")
     payload = b"".join(
         [
@@ -70,10 +73,10 @@ def encode_row(row: dict[str, Any]) -> bytes:
     return _REC_HEAD.pack(_REC_MAGIC, len(payload), zlib.crc32(payload)) + payload
 
 
-def _decode_payload(payload: bytes) -> dict[str, Any]:
+def _decode_payload(payload: bytes) -> tuple[dict[str, Any], str | None]:
     (hlen,) = _U32.unpack_from(payload, 0)
     row = json.loads(payload[4 : 4 + hlen].decode("utf-8"))
-    n, kinds, turns = row.pop("n"), row.pop("kinds"), row.pop("turns")
+    n, kinds, turns, rid = row.pop("n"), row.pop("kinds"), row.pop("turns"), row.pop("rid", None)
     at = 4 + hlen
     for key, size in zip(_RAW_TEXT, row.pop("text")):
         row[key] = None if size is None else payload[at : at + size].decode("utf-8")
@@ -93,7 +96,7 @@ def _decode_payload(payload: bytes) -> dict[str, Any]:
     if at + 10 * n != len(payload):
         raise ValueError("record length does not match its token count")
     row.update(token_ids=ids, mask=mask, logprobs=(values, given))
-    return row
+    return row, rid
 
 
 def _next_whole_record(data: bytes, start: int) -> int | None:
@@ -117,6 +120,10 @@ class Log:
     good: int
     """Bytes of the header and the whole records; anything after is a torn last record."""
     size: int
+    rids: list[str | None] = field(default_factory=list)
+    """Each record's id (``None``: written by an older tokengym)."""
+    offsets: list[int] = field(default_factory=list)
+    """The byte at which each record starts."""
 
 
 def read_log(path: Path) -> Log:
@@ -132,7 +139,7 @@ def read_log(path: Path) -> Log:
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CorruptShardError(f"{path}: unreadable episode log header ({err})") from err
     check_version(meta.get("schema_version"), path)
-    rows, pos = [], end
+    rows, rids, offsets, pos = [], [], [], end
     while pos < len(data):
         if len(data) - pos < _REC_HEAD.size:
             break  # torn header of the last record
@@ -158,8 +165,11 @@ def read_log(path: Path) -> Log:
                 f"(truncate -s {pos} {path.name}) to keep them and drop the rest"
             )
         try:
-            rows.append(_decode_payload(body))
+            row, rid = _decode_payload(body)
         except (ValueError, KeyError, UnicodeDecodeError) as err:
             raise CorruptShardError(f"{path}: unreadable record at byte {pos} ({err})") from err
+        rows.append(row)
+        rids.append(rid)
+        offsets.append(pos)
         pos += _REC_HEAD.size + length
-    return Log(path, meta, rows, pos, len(data))
+    return Log(path, meta, rows, pos, len(data), rids, offsets)

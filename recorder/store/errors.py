@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "CorruptShardError",
     "DiskFullError",
+    "ForeignLogError",
     "RunMismatchError",
     "SchemaVersionError",
     "ShardListError",
@@ -40,6 +41,11 @@ class ShardListError(StoreError):
 
 class DiskFullError(StoreError):
     """The store's file system is full (or a file-size limit was hit); nothing partial was kept."""
+
+
+class ForeignLogError(StoreError):
+    """An episode log is not this store's own: copied from another store or run, a copy of another
+    log (or of a log already compacted into a shard), or a log holding a record twice."""
 
 
 class RunMismatchError(StoreError):

@@ -23,6 +23,7 @@ from .episode_log import Log, read_log
 from .errors import CorruptShardError, ShardListError, StoreError
 from .files import MANIFEST_NAME, file_index, log_paths, shard_paths
 from .fingerprint import display_name, tokenizer_mismatch, tokenizer_fingerprint
+from .log_origin import check_logs
 from .manifest import open_shard, read_manifest, repair_hint, ShardInfo
 from .rows import decode_batch, rows_table
 from .schema import METADATA_KEY, SCHEMA, SCHEMA_VERSION, schema_of, upgrade_batch
@@ -89,6 +90,7 @@ def _snapshot_once(root: Path, want: tuple[str, str] | None) -> _Snapshot:
     read = [read_log(p) for i, p in sorted(logs.items()) if i not in shard_index]  # FileNotFoundError: compacted
     if manifest is not None and want is None:
         want = (str(manifest.get("tokenizer_name")), str(manifest.get("tokenizer_hash")))
+    check_logs(root, manifest, read)
     return _Snapshot(root, manifest, shards, [log for log in read if log.rows], want)
 
 

@@ -19,6 +19,7 @@ from .episode_log import Log, read_log
 from .errors import CorruptShardError, RunMismatchError, ShardListError, StoreWarning
 from .files import TEMP_RE, MANIFEST_NAME, file_index, shard_name, log_paths, shard_paths
 from .fingerprint import tokenizer_mismatch
+from .log_origin import check_logs, new_id
 from .manifest import open_shard, read_manifest, repair_hint, shard_entry
 from .schema import FORMAT, SCHEMA_VERSION
 
@@ -139,6 +140,8 @@ def check_resume(
                 tokenizer_name, tokenizer_hash,
             )
         pending.append(log)
+    check_logs(root, manifest, pending)
+    body.setdefault("store_id", new_id())
     stored += sum(len(log.rows) for log in pending)
     if run is not None:
         have = body.get("run")

@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import secrets
 import threading
 import warnings
 import weakref
@@ -31,6 +32,7 @@ from .errors import DiskFullError, StoreError, StoreWarning
 from .files import atomic_write, fsync_dir, file_index, log_name, shard_name
 from .fingerprint import display_name, unwrap, tokenizer_fingerprint
 from .lock import StoreLock
+from .log_origin import run_hash
 from .manifest import write_manifest
 from .resume import check_resume
 from .rows import rows_table, trajectory_row
@@ -108,6 +110,7 @@ class TrajectoryWriter:
         self._store_lock: StoreLock | None = None
         self._log_fd: int | None = None
         self._log_path: Path | None = None
+        self._log_id: str | None = None  # the open log's header id (None: a log of an older tokengym)
         self._log_size = 0
         self._dirty = False
         self._mutex = threading.RLock()
@@ -160,6 +163,7 @@ class TrajectoryWriter:
         )
         body, pending = resume.manifest, resume.pending
         self._manifest = body
+        self._run_hash = run_hash(body.get("run"))  # what each new log's header says of the run
         self._next_index = resume.next_index
         write_manifest(root, body)
         # Every uncompacted log but the newest becomes a shard now; the newest is taken over.
@@ -171,6 +175,7 @@ class TrajectoryWriter:
                 log.path.unlink()
                 continue
             self._log_fd, self._log_path = os.open(log.path, os.O_WRONLY | os.O_APPEND), log.path
+            self._log_id = log.meta.get("log_id")
             if log.good != log.size:
                 os.ftruncate(self._log_fd, log.good)  # cut a torn last record off
                 os.fsync(self._log_fd)
@@ -216,10 +221,14 @@ class TrajectoryWriter:
                 path = self.directory / log_name(self._next_index)
                 self._log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
                 self._log_path, self._log_size = path, 0
+                self._log_id = secrets.token_hex(8)  # as log_origin.new_id, without a hop on the write path
                 meta = {
                     "schema_version": SCHEMA_VERSION,
                     "tokenizer_name": self.tokenizer_name,
                     "tokenizer_hash": self.tokenizer_hash,
+                    "store_id": self._manifest.get("store_id"),
+                    "run_hash": self._run_hash,
+                    "log_id": self._log_id,
                 }
                 record = log_header(meta) + record
             view = memoryview(record)
@@ -340,6 +349,8 @@ class TrajectoryWriter:
         except OSError as err:
             raise self._write_error(err, f"shard {final.name} was not written") from err
         entry = {"name": final.name, "rows": len(self._rows), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        if self._log_id is not None:
+            entry["log_id"] = self._log_id  # a copy of the log left behind is then known as one
         self._manifest["shards"] = [*self._manifest["shards"], entry]
         try:
             write_manifest(self.directory, self._manifest)
@@ -364,6 +375,7 @@ class TrajectoryWriter:
                 os.close(self._log_fd)
             self._log_fd = None
         self._log_path = None
+        self._log_id = None
         self._log_size = 0
         self._dirty = False
 

@@ -65,7 +65,8 @@ class SlowCalculator(CalculatorEnv):
 
     def __init__(self, tokenizer, delays: dict[int, float], **kwargs) -> None:
         self.delays = dict(delays)
-        super().__init__(tokenizer, tool_factory=self._tools, tool_timeout=60, max_turns=3, **kwargs)
+        kwargs.setdefault("tool_timeout", 60)
+        super().__init__(tokenizer, tool_factory=self._tools, max_turns=3, **kwargs)
 
     def reset(self, *, seed=None, options=None):
         self._seed = seed
@@ -422,3 +423,15 @@ def test_episodes_of_several_contexts_come_back_whole_from_ray(backend):
     assert result.stats.episodes == 3 and result.stats.context_resets == 6 and len(result.trajectories) == 9
     assert [(t.metadata["episode"], t.metadata["sequence"]) for t in result.trajectories] == [
         (e, k) for e in range(3) for k in range(3)]
+
+
+@ray_test
+def test_timed_out_tool_calls_still_running_in_the_workers_are_counted(backend, qwen25):
+    """A tool call that timed out keeps its thread in the env worker's process: the run's summary
+    says so, as it does for the local backend."""
+    env = functools.partial(SlowCalculator, qwen25, {1000: 3.0}, tool_timeout=0.3)
+    result = rollout(env, POLICY, episodes=1, seed=1000, progress=False, backend=backend)
+    (traj,) = result.trajectories
+    assert traj.metadata["tool_stats"]["timeout"] == 1
+    assert result.stats.abandoned_tool_threads == 1
+    assert "1 timed-out tool calls still running" in summary_table(result.stats)

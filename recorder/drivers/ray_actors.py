@@ -73,6 +73,8 @@ class EnvWorker:
         """
         import asyncio
 
+        from tokengym.envs import abandoned_threads
+
         base, _, record = config
         episode = task.episode
         env = self._free.get()  # the driver never sends more episodes than slots
@@ -83,9 +85,11 @@ class EnvWorker:
                 outcome = asyncio.run(play(EpisodeSlot(env), task, base, generate))
             except EngineLost as err:
                 return {"episode": episode, "engine_died": str(err)}
+            # This process's timed-out tool calls still running: the run's summary adds up the workers'.
+            threads = abandoned_threads()
             if isinstance(outcome, EpisodeError):
-                return {"episode": episode, "error": outcome}
-            return {"episode": episode, "trajectories": outcome}
+                return {"episode": episode, "error": outcome, "tool_threads": threads}
+            return {"episode": episode, "trajectories": outcome, "tool_threads": threads}
         finally:
             self._free.put(env)
 

@@ -447,6 +447,7 @@ class _Run:
         if self.replacements is None:
             self.replacements = len(fleet.alive)
         self.stats = RolloutStats(requested=len(planned))
+        self.tool_threads: dict[int, int] = {}  # worker -> its timed-out tool calls still running, as last reported
         self.done: list[Trajectory] = []
         self.bar = progress_bar(len(planned), progress)
         self.start = time.perf_counter()
@@ -464,6 +465,7 @@ class _Run:
             self.bar.close()
             self.stats.wall_s = time.perf_counter() - self.start
             self.stats.engine_restarts, self.stats.engine_s = self.b.engine_stats()
+            self.stats.abandoned_tool_threads = sum(self.tool_threads.values())
         return self._result(interrupted)
 
     def _loop(self) -> None:
@@ -519,6 +521,8 @@ class _Run:
         except ray.exceptions.RayError as err:  # the worker (or its node) died
             self._lost(episode, worker, err)
             return
+        if "tool_threads" in out:
+            self.tool_threads[worker] = out["tool_threads"]
         if "trajectories" in out:
             stats.per_node[self.fleet.nodes[worker]] += 1
             record_finished(stats, out["trajectories"], self.done, self.on_episode, self.bar)

@@ -23,6 +23,7 @@ from tokengym.envs import template_matrix as tm
 from tokengym.recorder.cli import main
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "templates.md"
+pytestmark = pytest.mark.corpus
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,8 @@ _EXPORTS: dict[str, str] = {  # name -> the module that defines it (imported on 
     "to_packed": ".batches",
     "to_trl": ".batches",
     "to_verl": ".batches",
+    "Deadlines": ".drivers.step_pool",
+    "EpisodeTimeout": ".drivers.step_pool",
     "EpisodeError": ".drivers.rollout",
     "RolloutResult": ".drivers.rollout",
     "RolloutStats": ".drivers.rollout",
@@ -63,7 +65,9 @@ _EXPORTS: dict[str, str] = {  # name -> the module that defines it (imported on 
 
 __all__ = [
     "BatchBuffers",
+    "Deadlines",
     "EpisodeError",
+    "EpisodeTimeout",
     "GRPOAdvantages",
     "GRPOConfig",
     "GRPOLoss",

@@ -148,3 +148,105 @@ def test_answers_cut_at_the_token_limit_are_counted_and_said(qwen25):
     table = summary_table(cut.stats)
     assert re.search(r"^finish reasons +length 2$", table, re.M)
     assert "2 actions stopped at the token limit (finish reason 'length')" in table
+
+
+# ------------------------------------------------------------ deadlines: one hung episode never hangs the run
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from tokengym.recorder import Deadlines  # noqa: E402
+
+RELEASE = threading.Event()  # set at the end of each test: the hung steps return, their threads end
+
+
+class HangingCalculator(CalculatorEnv):
+    """tokengym/Calculator-v0 whose step blocks (as on a dead socket) in the episodes reset with seed 1."""
+
+    step_waits = True  # it does: its steps run on worker threads, under the step deadline
+
+    def reset(self, *, seed=None, options=None):
+        self._hang = seed == 1
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self._hang:
+            RELEASE.wait(120)
+        return super().step(action)
+
+
+@pytest.mark.alone  # a wall-clock bound
+def test_a_hung_env_step_fails_its_episode_by_name_and_the_run_goes_on(qwen25):
+    RELEASE.clear()
+    start = time.monotonic()
+    try:
+        result = rollout(lambda: HangingCalculator(qwen25), answer_policy(qwen25), episodes=6, concurrency=2,
+                         progress=False, deadlines=Deadlines(step_s=0.5))
+        wall = time.monotonic() - start
+    finally:
+        RELEASE.set()
+    s = result.stats
+    assert (s.episodes, s.failed, s.not_run) == (5, 1, 0) and not s.interrupted
+    (error,) = s.errors
+    assert (error.episode, error.type) == (1, "EpisodeTimeout")
+    assert "did not return within 0.5 s (Deadlines.step_s)" in error.message
+    assert s.stuck_envs == 1  # the hung copy took no more episodes; the other ran the rest
+    assert wall < 5.0, wall  # not the 120 s the step hangs, nor the 5 s grace at the end
+    table = summary_table(s)
+    assert "1 × EpisodeTimeout (episodes 1)" in table and "1 env copies left inside a step" in table
+
+
+class NeverAnswers:
+    """An async engine that never answers the requests whose context holds ``hang``'s tokens."""
+
+    name = "never-answers"
+    logprob_kind = "none"
+
+    def __init__(self, tok) -> None:
+        self.inner = answer_policy(tok)
+
+    def generate(self, contexts, sampling):
+        return self.inner.generate(contexts, sampling)
+
+    async def agenerate(self, contexts, sampling):
+        import asyncio
+
+        if any(c[-40:].count(self.marker) for c in contexts):
+            await asyncio.Event().wait()
+        return self.inner.generate(contexts, sampling)
+
+
+def test_a_policy_turn_past_its_deadline_fails_its_episode_and_the_run_goes_on(qwen25):
+    policy = NeverAnswers(qwen25)
+    env = CalculatorEnv(qwen25)
+    prompts = {seed: env.reset(seed=seed)[0].tolist() for seed in range(4)}
+    policy.marker = next(t for t in prompts[2][-60:] if all(t not in prompts[s][-60:] for s in (0, 1, 3)))
+    result = rollout(lambda: CalculatorEnv(qwen25), policy, episodes=4, concurrency=4, progress=False,
+                     deadlines=Deadlines(generate_s=0.5))
+    s = result.stats
+    assert (s.episodes, s.failed) == (3, 1) and s.stuck_envs == 0
+    (error,) = s.errors
+    assert (error.episode, error.type) == (2, "EpisodeTimeout") and "Deadlines.generate_s" in error.message
+
+
+@pytest.mark.alone  # a wall-clock bound
+def test_ctrl_c_ends_a_run_whose_step_hangs_within_seconds(qwen25):
+    RELEASE.clear()
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    start = time.monotonic()
+    timer.start()
+    try:
+        result = rollout(lambda: HangingCalculator(qwen25), answer_policy(qwen25), episodes=[1], progress=False)
+        wall = time.monotonic() - start
+    finally:
+        timer.cancel()
+        RELEASE.set()
+    assert result.interrupted and result.stats.not_run == 1
+    assert result.stats.stuck_envs == 1
+    assert wall < 10.0, wall  # the stop, then at most the 5 s grace for the step under way
+
+
+def test_deadlines_are_checked():
+    with pytest.raises(ValueError, match="step_s must be a positive number of seconds or None"):
+        Deadlines(step_s=0)
+    with pytest.raises(ValueError, match="generate_s"):
+        Deadlines(generate_s=float("nan"))

@@ -151,6 +151,9 @@ class RolloutStats:
     abandoned_tool_threads: int = 0
     """Timed-out sync tool calls still running in the background when the run ended (Python cannot
     stop a thread: :func:`tokengym.envs.abandoned_threads`)."""
+    stuck_envs: int = 0
+    """Env copies left inside a step that did not return (past its deadline, or when the run
+    stopped): they took no more episodes (see :class:`~tokengym.recorder.drivers.step_pool.Deadlines`)."""
 
     def group_signal(self) -> GroupSignal:
         """How many of the run's groups have a learning signal (returns that differ: a GRPO advantage
@@ -205,6 +208,8 @@ class RolloutStats:
             "requested": self.requested,
             "interrupted": self.interrupted,
             "not_run": self.not_run,
+            "stuck_envs": self.stuck_envs,
+            "abandoned_tool_threads": self.abandoned_tool_threads,
             "lost": list(self.lost),
             "rerun": self.rerun,
             "per_node": dict(self.per_node),
@@ -294,6 +299,8 @@ class EpisodeSlot:
     turn: int = 0
     remaining: int = 0
     task: EpisodeTask | None = None
+    retired: bool = False
+    """Its env is still inside a step that passed its deadline: no episode runs on it again."""
 
     def begin(self, task: EpisodeTask) -> None:
         """Reset for ``task`` (its completion budget passed to the env as a reset option); raises

@@ -49,6 +49,7 @@ from .episodes import (  # the shared names stay importable from here, where the
     turn_seed,
 )
 from .runner import Outcome, drive
+from .step_pool import Deadlines
 from ..trajectory import Trajectory
 from ..views import tool_calls_line
 from ..wrapper import RecordEpisodes
@@ -82,6 +83,7 @@ def rollout(
     schedule: str = "async",
     group_size: int = 1,
     tasks: Sequence[dict[str, Any]] | None = None,
+    deadlines: Deadlines | None = None,
 ) -> RolloutResult:
     """Run ``episodes`` episodes, ``concurrency`` at a time, and return their trajectories.
 
@@ -117,6 +119,10 @@ def rollout(
             turn as soon as its env step is done, and the policy batches what is in flight) or
             ``"lockstep"`` (rounds: every live episode generates in one batch, then every env
             steps; kept for comparison). Both give the same trajectories for the same seeds.
+        deadlines: with the local backend, how long one env step and one policy turn may take
+            (:class:`~tokengym.recorder.drivers.step_pool.Deadlines`; default 600 s and 3600 s): an
+            episode past one fails with ``EpisodeTimeout`` and the run goes on; an env copy whose
+            step hung takes no more episodes (``stats.stuck_envs``).
 
     Ctrl-C and SIGTERM stop the run cleanly (in the main thread): every finished episode is
     returned (and was passed to ``on_episode``); the unfinished ones are dropped whole, never
@@ -148,6 +154,8 @@ def rollout(
     if not isinstance(backend, str):
         if schedule != "async":
             raise ValueError("the Ray backend runs every episode at its own pace: schedule='lockstep' is local only")
+        if deadlines is not None:
+            raise ValueError("deadlines= is for the local backend (a Ray run bounds its episodes by its workers' lives)")
         return backend.run(
             make_env, policy, episodes=ids, concurrency=concurrency, sampling=base, seed=seed,
             env_kwargs=env_kwargs, on_episode=on_episode, progress=progress, group_size=group_size, tasks=tasks,
@@ -166,7 +174,7 @@ def rollout(
     # A policy sampling here reports each decode step: the bar moves before the first turn is back.
     unlisten = policy.add_token_listener(bar.live) if progress and isinstance(policy, StreamsTokens) else None
     start = time.perf_counter()
-    run = partial(_async, rounds=schedule == "lockstep")
+    run = partial(_async, rounds=schedule == "lockstep", deadlines=deadlines)
     interrupted = False
     try:
         interrupted = run(slots, planned, base, policy, stats, lambda rows: record_finished(stats, rows, done, on_episode, bar), bar)
@@ -175,8 +183,13 @@ def rollout(
             unlisten()
         bar.close()
         stats.wall_s = time.perf_counter() - start
-        for s in slots:
-            s.env.close()
+        stats.stuck_envs = sum(s.retired for s in slots)
+        for s in sorted(slots, key=lambda s: s.retired):  # a hung step's env last: closing it may free the step
+            try:
+                s.env.close()
+            except Exception:
+                if not s.retired:
+                    raise
         if owned and hasattr(policy, "close"):
             policy.close()
         from tokengym.envs import abandoned_threads
@@ -212,6 +225,7 @@ def _failed(stats: RolloutStats, error: EpisodeError, bar: Any) -> None:
 def _async(
     slots: list[EpisodeSlot], tasks: list[EpisodeTask], base: SamplingParams, policy: Policy,
     stats: RolloutStats, finished: Callable[[list[Trajectory]], None], bar: Any, *, rounds: bool = False,
+    deadlines: Deadlines | None = None,
 ) -> bool:
     """Every episode at its own pace (:func:`tokengym.recorder.drivers.runner.drive`), or with
     ``rounds`` in lock-step rounds through the same runner (every live episode's turn in one
@@ -230,7 +244,7 @@ def _async(
             finished(outcome)
 
     try:
-        return drive(slots, tasks, base, generate, on_outcome, rounds=rounds)
+        return drive(slots, tasks, base, generate, on_outcome, rounds=rounds, deadlines=deadlines)
     finally:
         stats.engine_s += batcher.busy_now()
         batcher.close()
@@ -253,6 +267,9 @@ def summary_table(stats: RolloutStats) -> str:
     if stats.abandoned_tool_threads:
         rows.append(("tool threads", f"{stats.abandoned_tool_threads} timed-out tool calls still running in the "
                      "background (Python cannot stop a thread; make a tool that may hang async, or run it in a subprocess)"))
+    if stats.stuck_envs:
+        rows.append(("stuck", f"{stats.stuck_envs} env copies left inside a step that did not return (past its "
+                     "deadline, or at the stop); they took no more episodes and were closed"))
     if stats.finish_reasons.get("length"):
         rows.append(("cut", f"{stats.finish_reasons['length']} actions stopped at the token limit (finish reason "
                      "'length'): their answers may be incomplete though the episode counts as done"))

@@ -17,17 +17,18 @@ the same trajectories however the episodes interleave.
 
 The event loop runs in the calling thread; where that thread already runs one (a Jupyter
 kernel) it runs in a thread of its own. SIGTERM and SIGINT (in the main thread) stop the run:
-no episode is recorded after the stop, the ones in flight are dropped whole.
+no episode is recorded after the stop, the ones in flight are dropped whole. A step or a turn
+past its deadline fails its episode, never the run (:mod:`~tokengym.recorder.drivers.step_pool`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import gymnasium as gym
@@ -36,10 +37,11 @@ from tokengym.policies import Generation, SamplingParams
 from tokengym.policies.batching import PolicyInterrupted
 
 from .episodes import EpisodeError, EpisodeSlot, EpisodeTask
+from .step_pool import STOP_GRACE_S, Deadlines, EpisodeTimeout, StepThreads
 from ..stopping import stop_on_signals
 from ..trajectory import Trajectory
 
-__all__ = ["INLINE_WAIT_S", "EngineLost", "Outcome", "drive", "play", "steps_wait"]
+__all__ = ["INLINE_WAIT_S", "Deadlines", "EngineLost", "EpisodeTimeout", "Outcome", "drive", "play", "steps_wait"]
 
 Outcome = list[Trajectory] | EpisodeError
 """A finished episode's rows (one per context, usually one), or the record of what failed."""
@@ -110,16 +112,23 @@ class _StepPlace:
     :data:`INLINE_WAIT_S`) sends the run's steps to worker threads for good.
     """
 
-    def __init__(self, pool: ThreadPoolExecutor, gc_clock: _GcClock, inline: bool) -> None:
+    def __init__(self, pool: StepThreads, gc_clock: _GcClock, inline: bool) -> None:
         self.pool = pool
         self.gc = gc_clock
         self.inline = inline
         self.steps = 0
         self.waited = 0.0
+        self.under_way: dict[int, tuple[EpisodeSlot, Any]] = {}  # id(slot) -> (slot, its step's future)
 
     async def __call__(self, slot: EpisodeSlot, gen: Generation) -> Any:
         if not self.inline:
-            return await asyncio.get_running_loop().run_in_executor(self.pool, slot.step, gen)
+            future = self.pool.submit(slot.step, gen)
+            self.under_way[id(slot)] = (slot, future)
+            try:
+                return await asyncio.wrap_future(future)
+            finally:
+                if future.done():
+                    self.under_way.pop(id(slot), None)
         gc0, cpu0, start = self.gc.total, time.thread_time(), time.perf_counter()
         result = slot.step(gen)
         wait = (time.perf_counter() - start) - (time.thread_time() - cpu0) - (self.gc.total - gc0)
@@ -139,26 +148,50 @@ async def _step_inline(slot: EpisodeSlot, gen: Generation) -> Any:
 
 
 async def play(
-    slot: EpisodeSlot, task: EpisodeTask, base: SamplingParams, generate: Generate, step: Step = _step_inline
+    slot: EpisodeSlot,
+    task: EpisodeTask,
+    base: SamplingParams,
+    generate: Generate,
+    step: Step = _step_inline,
+    deadlines: Deadlines | None = None,
 ) -> Outcome:
     """Play ``task`` in ``slot`` to the end: its trajectory rows, or the record of what failed.
 
     ``generate`` samples one turn; ``step`` runs ``slot.step`` (in a worker thread, say) and
     returns its result. :class:`EngineLost` and :class:`~tokengym.policies.batching.PolicyInterrupted`
-    propagate: they concern the run, not this episode.
+    propagate: they concern the run, not this episode. A turn or a step past its ``deadlines``
+    fails the episode with :class:`EpisodeTimeout`; a step past it also retires the slot
+    (``slot.retired``: the hung step still holds its env).
     """
     try:
         slot.begin(task)
     except Exception as err:  # a broken task must not stop the run
         return EpisodeError.of(err, task.episode, None, "reset failed: ")
+    turn_s = deadlines.generate_s if deadlines is not None else None
+    step_s = deadlines.step_s if deadlines is not None else None
     while True:
         try:
-            gen = await generate(slot.stream, slot.params(base))
+            async with asyncio.timeout(turn_s) as late:
+                gen = await generate(slot.stream, slot.params(base))
         except (EngineLost, PolicyInterrupted):
             raise
-        except Exception as err:  # the policy refused this request
+        except Exception as err:  # the policy refused this request, or never answered
+            if isinstance(err, TimeoutError) and late.expired():
+                err = EpisodeTimeout(
+                    f"the policy did not answer turn {slot.turn} within {turn_s:g} s (Deadlines.generate_s)"
+                )
             return slot.failure(err)
-        result = await step(slot, gen)
+        try:
+            async with asyncio.timeout(step_s) as late:
+                result = await step(slot, gen)
+        except TimeoutError:
+            if not late.expired():
+                raise
+            slot.retired = True
+            return slot.failure(EpisodeTimeout(
+                f"the env's step of turn {slot.turn} did not return within {step_s:g} s (Deadlines.step_s); "
+                "its env copy is retired (the step's thread cannot be stopped), the run goes on without it"
+            ))
         if isinstance(result, Exception):
             return slot.failure(result)
         try:
@@ -233,19 +266,23 @@ def drive(
     on_outcome: Callable[[EpisodeTask, Outcome], None],
     *,
     rounds: bool = False,
+    deadlines: Deadlines | None = None,
 ) -> bool:
     """Play every task, ``len(slots)`` at a time, each at its own pace; ``on_outcome`` gets each result.
 
     With ``rounds``, in lock-step rounds instead: each turn's request waits until every episode
     in play has asked for its own (the same :func:`play`, gated). ``on_outcome`` runs on the
     loop's thread, one at a time, and never after a stop. Returns True when the run was stopped
-    (a signal, Ctrl-C, or the policy interrupted).
+    (a signal, Ctrl-C, or the policy interrupted). ``deadlines`` (default :class:`Deadlines`) bound
+    each turn and step; a slot whose step passed its deadline takes no more episodes, and at the
+    end a step still under way after :data:`STOP_GRACE_S` leaves its slot ``retired`` too.
     """
     if not slots:
         return False  # nothing to run (no episodes asked for)
+    deadlines = Deadlines() if deadlines is None else deadlines
     stop = _Stop()
     queue: Iterator[EpisodeTask] = iter(tasks)
-    pool = ThreadPoolExecutor(max_workers=max(1, len(slots)), thread_name_prefix="tokengym-env")
+    pool = StepThreads(len(slots))
     gate = _Rounds(generate) if rounds else None
     turn = gate.generate if gate is not None else generate
 
@@ -259,13 +296,15 @@ def drive(
             if gate is not None:
                 gate.enter()
             try:
-                outcome = await play(slot, task, base, turn, in_place)
+                outcome = await play(slot, task, base, turn, in_place, deadlines)
             finally:
                 if gate is not None:
                     gate.leave()
             if stop:  # finished after the stop: dropped whole, like the others in flight
                 return
             on_outcome(task, outcome)
+            if slot.retired:  # its env is still inside the hung step
+                return
 
     async def main() -> None:
         stop.loop = asyncio.get_running_loop()
@@ -287,7 +326,15 @@ def drive(
             _run(main(), stop)
     finally:
         gc_clock.stop()
-        pool.shutdown(wait=True)  # a step under way finishes before its env is closed
+        # A step under way finishes before its env is closed, if it finishes within the grace
+        # (one already past its deadline is not waited for again).
+        under_way = [f for slot, f in in_place.under_way.values() if not slot.retired and not f.done()]
+        if under_way:
+            concurrent.futures.wait(under_way, timeout=STOP_GRACE_S)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for slot, future in in_place.under_way.values():
+            if not future.done():
+                slot.retired = True
     return bool(stop)
 
 

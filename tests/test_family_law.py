@@ -140,17 +140,22 @@ def test_check_template_exit_code_says_whether_the_template_is_prefix_stable(fam
 CALLABLE = [f for f in FAMILIES if not unusable(f) and f.name != "deepseek_v3"]
 
 
-@pytest.mark.parametrize("fam", CALLABLE, ids=[f.name for f in CALLABLE])
-def test_a_call_in_the_familys_format_runs_the_calculator(fam):
-    env = gym.make(
+def calculator_for(fam: Family, **kwargs: Any) -> Any:
+    """``tokengym/Calculator-v0`` on the family's tokenizer, template and parser (unwrapped)."""
+    return gym.make(
         "tokengym/Calculator-v0",
         tokenizer=tokenizer_for(fam),
         chat_template=fam.chat_template,
         template_kwargs=dict(fam.template_kwargs),
         parser=fam.parser,
-        conformance="strict" if fam.prefix_stable else "warn",
         require_tools_in_prompt=fam.shows_tools,  # DeepSeek V3's and V3.1's describe tools in a system message
+        **kwargs,
     ).unwrapped
+
+
+@pytest.mark.parametrize("fam", CALLABLE, ids=[f.name for f in CALLABLE])
+def test_a_call_in_the_familys_format_runs_the_calculator(fam):
+    env = calculator_for(fam, conformance="strict" if fam.prefix_stable else "warn")
     assert env.parser.name == fam.parser
     obs, info = env.reset(seed=3)
     call = {
@@ -256,16 +261,7 @@ def test_step_never_raises_on_model_text(fam):
     """Whatever the model writes (another family's call format, bad JSON, an id Mistral's templates
     refuse, random tokens), ``step`` answers with an observation or ends the episode: a call the
     template refuses to render is an error message the model reads, never an exception."""
-    env = gym.make(
-        "tokengym/Calculator-v0",
-        tokenizer=tokenizer_for(fam),
-        chat_template=fam.chat_template,
-        template_kwargs=dict(fam.template_kwargs),
-        parser=fam.parser,
-        require_tools_in_prompt=fam.shows_tools,
-        conformance="off",
-        max_action_tokens=None,
-    ).unwrapped
+    env = calculator_for(fam, conformance="off", max_action_tokens=None)
     rng = np.random.default_rng(sum(map(ord, fam.name)))
     statuses: set[str] = set()
     for text, ids in fuzzed_actions(fam, env, rng):

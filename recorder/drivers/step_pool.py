@@ -52,8 +52,8 @@ class EpisodeTimeout(Exception):
 class StepThreads(concurrent.futures.Executor):
     """At most ``size`` daemon threads, started as work needs them; ``submit`` returns a future.
 
-    Unlike a ``ThreadPoolExecutor``, a thread that never returns is not joined at exit, and
-    :meth:`shutdown` waits for work under way at most ``timeout`` seconds.
+    Unlike a ``ThreadPoolExecutor``, a thread that never returns is not joined at exit; the
+    driver bounds its own wait for steps under way (:data:`STOP_GRACE_S`).
     """
 
     def __init__(self, size: int, name: str = "tokengym-env") -> None:
@@ -63,7 +63,6 @@ class StepThreads(concurrent.futures.Executor):
         self._threads: list[threading.Thread] = []
         self._idle = 0  # threads waiting for work
         self._queued = 0  # calls submitted and not yet taken by a thread
-        self._running: set[concurrent.futures.Future] = set()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -72,7 +71,6 @@ class StepThreads(concurrent.futures.Executor):
         with self._lock:
             if self._closed:
                 raise RuntimeError("the step threads are shut down")
-            self._running.add(future)
             self._queued += 1
             # Every queued call gets a thread of its own while there are fewer than `size`: a call
             # never waits behind one that hangs.
@@ -100,8 +98,6 @@ class StepThreads(concurrent.futures.Executor):
                     future.set_result(fn(*args, **kwargs))
                 except BaseException as err:  # noqa: BLE001 - handed to the awaiting side
                     future.set_exception(err)
-            with self._lock:
-                self._running.discard(future)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop the threads once their work is done (``wait``: wait for that, however long; the

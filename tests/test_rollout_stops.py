@@ -246,6 +246,12 @@ def test_ctrl_c_ends_a_run_whose_step_hangs_within_seconds(qwen25):
 
 
 def test_deadlines_are_checked():
+    from tokengym.recorder.cli.parser import build_parser
+
+    # The defaults the README and `tokengym rollout -h` give.
+    assert (Deadlines().step_s, Deadlines().generate_s) == (600.0, 3600.0)
+    args = build_parser().parse_args(["rollout", "tokengym/Calculator-v0"])
+    assert (args.step_timeout, args.turn_timeout) == (600.0, 3600.0)
     with pytest.raises(ValueError, match="step_s must be a positive number of seconds or None"):
         Deadlines(step_s=0)
     with pytest.raises(ValueError, match="generate_s"):

@@ -494,26 +494,56 @@ def test_unclosed_sandboxes_go_at_exit_and_when_collected(engine):
     assert not engine.api.containers(all=True, filters={"id": cid})
 
 
+CRASH = """
+    import os, signal
+    from tokengym.envs.sandbox import DockerSandbox
+    sb = DockerSandbox()
+    print(sb.container_id, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # a crash: no close, no atexit
+    """
+
+
+def _crash(engine, n: int = 1) -> list[str]:
+    """The containers that ``n`` processes, each SIGKILLed with a sandbox open, left behind."""
+    procs = [_child(CRASH) for _ in range(n)]
+    orphans = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL
+        orphans.append(out.strip())
+    for orphan in orphans:
+        assert engine.api.containers(all=True, filters={"id": orphan}), "the crash should have left it"
+    return orphans
+
+
 def test_cleanup_containers_removes_orphans_of_a_crash(engine, backend):
     from tokengym.envs.sandbox import DockerSandbox, cleanup_containers
 
-    proc = _child(
-        """
-        import os, signal
-        from tokengym.envs.sandbox import DockerSandbox
-        sb = DockerSandbox()
-        print(sb.container_id, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)  # a crash: no close, no atexit
-        """
-    )
-    out, _ = proc.communicate(timeout=60)
-    orphan = out.strip()
-    assert proc.returncode == -signal.SIGKILL
-    assert engine.api.containers(all=True, filters={"id": orphan}), "the crash should have left it"
+    (orphan,) = _crash(engine)
     with DockerSandbox() as mine:  # a live sandbox of this process is not an orphan
         removed = cleanup_containers()
         assert orphan in removed and mine.container_id not in removed
         assert not engine.api.containers(all=True, filters={"id": orphan})
+        assert mine.run("echo still here").ok
+
+
+def test_a_crashs_containers_go_at_the_next_start_and_by_the_command(engine, tmp_path):
+    from tokengym.envs.sandbox import DockerSandbox
+
+    with DockerSandbox() as mine:  # this process's, live: neither removes it
+        orphans = _crash(engine, 2)
+        nxt = _child("from tokengym.envs.sandbox import DockerSandbox\nDockerSandbox().close()")
+        _, err = nxt.communicate(timeout=120)
+        assert nxt.returncode == 0, err
+        assert "sandbox container(s) of dead owners" in err, err
+        assert not any(engine.api.containers(all=True, filters={"id": o}) for o in orphans)
+        (orphan,) = _crash(engine)
+        gc_ = subprocess.run(
+            [sys.executable, "-m", "tokengym.recorder.cli", "sandbox", "gc", "--docker", "yes", "--tmp-dir", str(tmp_path)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert gc_.returncode == 0, gc_.stderr
+        assert "docker: removed" in gc_.stdout and not engine.api.containers(all=True, filters={"id": orphan}), gc_.stdout
         assert mine.run("echo still here").ok
 
 

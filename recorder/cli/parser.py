@@ -162,8 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_rollout)
 
     from .inspect_store import add_inspect_parser
+    from .sandbox import add_sandbox_parser
 
     add_inspect_parser(sub)
+    add_sandbox_parser(sub)
 
     e = sub.add_parser(
         "envs", help="list the registered environments",

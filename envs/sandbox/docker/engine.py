@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -55,7 +56,24 @@ def docker_client(docker_host: str | None = None) -> Any:
                 "`bash .ci/docker-up.sh` starts a private engine and prints its DOCKER_HOST) or set DOCKER_HOST"
             ) from e
         _CLIENTS[key] = client
-        return client
+    _reclaim_at_first_use(client, where)
+    return client
+
+
+def _reclaim_at_first_use(client: Any, where: str) -> None:
+    """The containers of dead owners go when this process first reaches an engine (a SIGKILL runs
+    no finalizer: its containers would outlive it); what is removed is logged, a failure warned."""
+    try:
+        removed = cleanup_containers(client=client)
+    except Exception as err:  # noqa: BLE001 -- the engine answered; the sandbox can still start
+        import warnings  # noqa: PLC0415
+
+        warnings.warn(f"could not remove the sandbox containers of dead owners at {where}: {err}", RuntimeWarning, stacklevel=3)
+        return
+    if removed:
+        logging.getLogger("tokengym.sandbox").warning(
+            "removed %d sandbox container(s) of dead owners at %s", len(removed), where
+        )
 
 
 def _one_connection_pool(client: Any) -> None:
@@ -96,7 +114,7 @@ def process_owner() -> str:
     return _OWNERS[pid]
 
 
-def _owner_alive(owner: str) -> bool:
+def owner_alive(owner: str) -> bool:
     """Whether the process that an owner label names is still running (on this host)."""
     try:
         host, pid, start = owner.rsplit(":", 2)
@@ -120,7 +138,7 @@ def cleanup_containers(
     removed = []
     for c in client.api.containers(all=True, filters={"label": f"{LABEL}=1"}):
         owner = (c.get("Labels") or {}).get(OWNER_LABEL, "")
-        if not all and (owner == process_owner() or _owner_alive(owner)):
+        if not all and (owner == process_owner() or owner_alive(owner)):
             continue
         try:
             client.api.remove_container(c["Id"], force=True)

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["Cgroup", "CgroupSupport", "cgroup_support"]
@@ -156,12 +157,23 @@ def _write(path: str, value: str) -> None:
 class Cgroup:
     """One sandbox's cgroup(s): made with the limits, joined by every command, emptied and removed."""
 
-    def __init__(self, support: CgroupSupport, *, memory_mb: int, max_processes: int, uid: int, gid: int) -> None:
+    def __init__(
+        self,
+        support: CgroupSupport,
+        *,
+        memory_mb: int,
+        max_processes: int,
+        uid: int,
+        gid: int,
+        before_mkdir: Callable[[tuple[str, ...]], None] | None = None,
+    ) -> None:
         if not support.kind:
             raise OSError(f"no cgroups here: {support.reason}")
         self.kind = support.kind
         name = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
         self.dirs = tuple(os.path.join(p, name) for p in support.parents)
+        if before_mkdir is not None:  # the owner record notes them first (see :mod:`.reclaim`)
+            before_mkdir(self.dirs)
         made: list[str] = []
         try:
             for d in self.dirs:

@@ -23,7 +23,7 @@ def python_prefix(python: str) -> str:
     return os.path.dirname(os.path.dirname(os.path.realpath(python)))
 
 
-def _accessible(path: str, uid: int, gid: int, *, need: int = os.X_OK | os.R_OK) -> bool:
+def accessible(path: str, uid: int, gid: int, *, need: int = os.X_OK | os.R_OK) -> bool:
     """Whether ``uid``/``gid`` (no supplementary groups) may reach and use ``path`` (by mode bits)."""
 
     def allowed(st: os.stat_result, bits: int) -> bool:
@@ -64,7 +64,7 @@ def pick_python(uid: int, gid: int) -> str:
         if not c:
             continue
         real = os.path.realpath(c)
-        if os.path.isfile(real) and _accessible(real, uid, gid):
+        if os.path.isfile(real) and accessible(real, uid, gid):
             return real
     raise SandboxError(
         "no Python interpreter that the sandbox user can run (this one lies under a private directory); "

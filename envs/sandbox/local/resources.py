@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 from .cgroups import Cgroup
@@ -23,6 +24,8 @@ class Resources:
         self.mounts: list[str] = []
         self.sweep_uid: int | None = None
         """The uid whose files in the host's /tmp, /var/tmp, /dev/shm and System V IPC are removed."""
+        self.owner_fd: int | None = None
+        """Holds the lock on the owner record (:mod:`.reclaim`): closed last, once all is released."""
 
 
 def _release(res: Resources) -> list[str]:
@@ -48,6 +51,9 @@ def _release(res: Resources) -> list[str]:
         problems.append(f"{err.filename or res.root}: {err.strerror}")
     if res.own_uid is not None:
         release_uid(res.own_uid)
+    if res.owner_fd is not None:  # a sandbox not fully removed is then a dead owner's: the next reclaim's
+        os.close(res.owner_fd)
+        res.owner_fd = None
     return problems
 
 

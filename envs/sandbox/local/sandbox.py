@@ -26,7 +26,8 @@ from .execute import Call, Runner
 from .files import WorkspaceFiles
 from .leftovers import empty_dir, remove_uid_leftovers
 from .quota import MountError, mount_tmpfs, unmount, usage
-from .paths import INSIDE_UID, RUNDIR_INSIDE, TMP_PREFIX, WORKDIR_INSIDE, pick_python
+from .paths import INSIDE_UID, RUNDIR_INSIDE, TMP_PREFIX, WORKDIR_INSIDE, accessible, pick_python
+from .reclaim import claim, note_cgroups, reclaim_once
 from .resources import cleanup, Resources
 from .uids import MARKER_VAR, count_processes_of, fresh_uid, is_root, kill_uid, release_uid
 
@@ -158,21 +159,30 @@ class LocalSandbox(Runner, WorkspaceFiles, Sandbox):
         self._quota = "none"  # "tmpfs", "watchdog" or "none" (the probe)
         self._quota_note = ""
 
-        # the directory
+        # the directory, and its owner record (what a killed run left is reclaimed here first)
+        where = tmp_root or tempfile.gettempdir()
+        if self._root_host and not accessible(where, self.uid, self.gid, need=os.X_OK):
+            self._release_own_uid()
+            raise SandboxError(
+                f"tmp_root {where}: the sandbox's uid {self.uid} cannot pass through it or a folder above it (a 0700 "
+                "folder, such as pytest's tmp_path); make it reachable (chmod o+x) or pass another tmp_root"
+            )
+        reclaim_once(tmp_root)
         try:
             self.root = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=tmp_root)
         except OSError as err:
             self._release_own_uid()
-            where = tmp_root or tempfile.gettempdir()
             raise SandboxError(
                 f"cannot create the sandbox's directory in {where}: {err.strerror}; free space there or pass tmp_root=..."
             ) from None
+        self._token = os.path.basename(self.root)
         self._res = Resources(self.root, self._own_uid, self._calls)
         probe = probe or _per_process_only  # (benchmarks/sandbox.py measures the cost of what follows)
         if self._own_uid is not None and not self._use_bwrap and not probe:
             self._res.sweep_uid = self._own_uid
         self._finalizer = weakref.finalize(self, cleanup, self._res)
         try:
+            self._res.owner_fd = claim(self.root, uid=self._own_uid, sweep=self._res.sweep_uid is not None)
             self._layout(probe)
             if not probe:
                 self._setup_cgroup()
@@ -249,7 +259,12 @@ class LocalSandbox(Runner, WorkspaceFiles, Sandbox):
             return
         try:
             self._cgroup = self._res.cgroup = Cgroup(
-                support, memory_mb=self.limits.memory_mb, max_processes=self.limits.max_processes, uid=self.uid, gid=self.gid
+                support,
+                memory_mb=self.limits.memory_mb,
+                max_processes=self.limits.max_processes,
+                uid=self.uid,
+                gid=self.gid,
+                before_mkdir=lambda dirs: note_cgroups(self.root, dirs),
             )
         except OSError as err:
             self._cgroup_note = f"cannot create the sandbox's cgroup: {err}"
@@ -471,7 +486,7 @@ class LocalSandbox(Runner, WorkspaceFiles, Sandbox):
         timeout = float(self.limits.timeout_s if timeout_s is None else timeout_s)
         if not timeout > 0:
             raise SandboxError(f"timeout_s must be positive, got {timeout_s!r}")
-        marker = f"{os.getpid()}-{id(self):x}-{next(_COUNTER)}"
+        marker = f"{self._token}-{next(_COUNTER)}"  # the sandbox's name first: a reclaim finds its processes
         full = self._limited(argv)
         if self._use_bwrap:
             full = self._bwrap_argv() + full

@@ -17,7 +17,7 @@ from ..base import SandboxError
 
 MARKER_VAR = "TOKENGYM_SANDBOX"
 
-_UID_RANGE = (1_500_000_000, 2_000_000_000)  # fresh uids for sandboxes of a root host: no passwd entry, no files
+UID_RANGE = (1_500_000_000, 2_000_000_000)  # fresh uids for sandboxes of a root host: no passwd entry, no files
 
 
 def is_root() -> bool:
@@ -44,7 +44,7 @@ def fresh_uid() -> int:
     with _UID_LOCK:
         busy = _uids_in_use() | _TAKEN_UIDS
         for _ in range(1000):
-            uid = _UID_RANGE[0] + secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0])
+            uid = UID_RANGE[0] + secrets.randbelow(UID_RANGE[1] - UID_RANGE[0])
             if uid not in busy:
                 _TAKEN_UIDS.add(uid)
                 return uid

@@ -195,6 +195,40 @@ def test_a_hung_env_step_fails_its_episode_by_name_and_the_run_goes_on(qwen25):
     assert "1 × EpisodeTimeout (episodes 1)" in table and "1 env copies left inside a step" in table
 
 
+class HangingReset(CalculatorEnv):
+    """tokengym/Calculator-v0 whose reset blocks (a sandbox that never starts) for seed 3."""
+
+    step_waits = True
+
+    def reset(self, *, seed=None, options=None):
+        if seed == 3:
+            RELEASE.wait(120)
+        return super().reset(seed=seed, options=options)
+
+
+@pytest.mark.alone  # a wall-clock bound
+def test_a_hung_reset_fails_its_episode_by_name_and_the_run_goes_on(qwen25):
+    RELEASE.clear()
+    start = time.monotonic()
+    try:
+        result = rollout(lambda: HangingReset(qwen25), answer_policy(qwen25), episodes=6, concurrency=2,
+                         progress=False, deadlines=Deadlines(step_s=0.5))
+        wall = time.monotonic() - start
+    finally:
+        RELEASE.set()
+    s = result.stats
+    assert (s.episodes, s.failed, s.not_run) == (5, 1, 0) and not s.interrupted
+    (error,) = s.errors
+    assert (error.episode, error.type) == (3, "EpisodeTimeout") and "the env's reset did not return within 0.5 s" in error.message
+    assert s.stuck_envs == 1 and wall < 5.0, wall
+
+
+def test_deadlines_are_refused_with_the_ray_backend(qwen25):
+    with pytest.raises(ValueError, match="deadlines= is for the local backend"):
+        rollout(lambda: CalculatorEnv(qwen25), answer_policy(qwen25), episodes=1, backend="ray",
+                deadlines=Deadlines(step_s=1))
+
+
 class NeverAnswers:
     """An async engine that never answers the requests whose context holds ``hang``'s tokens."""
 

@@ -120,15 +120,25 @@ class _StepPlace:
         self.waited = 0.0
         self.under_way: dict[int, tuple[EpisodeSlot, Any]] = {}  # id(slot) -> (slot, its step's future)
 
+    async def _threaded(self, slot: EpisodeSlot, fn: Callable[..., Any], arg: Any) -> Any:
+        future = self.pool.submit(fn, arg)
+        self.under_way[id(slot)] = (slot, future)
+        try:
+            return await asyncio.wrap_future(future)
+        finally:
+            if future.done():
+                self.under_way.pop(id(slot), None)
+
+    async def begin(self, slot: EpisodeSlot, task: EpisodeTask) -> None:
+        """``slot.begin`` (the env's reset) where the steps run: a reset may wait as a step may."""
+        if self.inline:
+            slot.begin(task)
+        else:
+            await self._threaded(slot, slot.begin, task)
+
     async def __call__(self, slot: EpisodeSlot, gen: Generation) -> Any:
         if not self.inline:
-            future = self.pool.submit(slot.step, gen)
-            self.under_way[id(slot)] = (slot, future)
-            try:
-                return await asyncio.wrap_future(future)
-            finally:
-                if future.done():
-                    self.under_way.pop(id(slot), None)
+            return await self._threaded(slot, slot.step, gen)
         gc0, cpu0, start = self.gc.total, time.thread_time(), time.perf_counter()
         result = slot.step(gen)
         wait = (time.perf_counter() - start) - (time.thread_time() - cpu0) - (self.gc.total - gc0)
@@ -154,21 +164,33 @@ async def play(
     generate: Generate,
     step: Step = _step_inline,
     deadlines: Deadlines | None = None,
+    begin: Callable[[EpisodeSlot, EpisodeTask], Awaitable[None]] | None = None,
 ) -> Outcome:
     """Play ``task`` in ``slot`` to the end: its trajectory rows, or the record of what failed.
 
     ``generate`` samples one turn; ``step`` runs ``slot.step`` (in a worker thread, say) and
-    returns its result. :class:`EngineLost` and :class:`~tokengym.policies.batching.PolicyInterrupted`
+    returns its result; ``begin`` (default: on this thread) runs ``slot.begin``, the env's reset,
+    under the step deadline. :class:`EngineLost` and :class:`~tokengym.policies.batching.PolicyInterrupted`
     propagate: they concern the run, not this episode. A turn or a step past its ``deadlines``
     fails the episode with :class:`EpisodeTimeout`; a step past it also retires the slot
     (``slot.retired``: the hung step still holds its env).
     """
-    try:
-        slot.begin(task)
-    except Exception as err:  # a broken task must not stop the run
-        return EpisodeError.of(err, task.episode, None, "reset failed: ")
     turn_s = deadlines.generate_s if deadlines is not None else None
     step_s = deadlines.step_s if deadlines is not None else None
+    try:
+        async with asyncio.timeout(step_s) as late:
+            if begin is None:
+                slot.begin(task)
+            else:
+                await begin(slot, task)
+    except Exception as err:  # a broken task must not stop the run
+        if isinstance(err, TimeoutError) and late.expired():
+            slot.retired = True
+            err = EpisodeTimeout(
+                f"the env's reset did not return within {step_s:g} s (Deadlines.step_s); its env copy is retired "
+                "(the reset's thread cannot be stopped), the run goes on without it"
+            )
+        return EpisodeError.of(err, task.episode, None, "reset failed: ")
     while True:
         try:
             async with asyncio.timeout(turn_s) as late:
@@ -296,7 +318,7 @@ def drive(
             if gate is not None:
                 gate.enter()
             try:
-                outcome = await play(slot, task, base, turn, in_place, deadlines)
+                outcome = await play(slot, task, base, turn, in_place, deadlines, in_place.begin)
             finally:
                 if gate is not None:
                     gate.leave()

@@ -188,3 +188,28 @@ def test_the_command_names_what_it_finds_and_checks_its_input(tmp_path):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert bad.returncode == 2 and "--tmp-dir" in bad.stderr and "no such folder" in bad.stderr, bad.stderr
+
+
+def test_cgroups_whose_record_was_deleted_go_once_their_maker_is_gone(tmp_path):
+    """A sandbox folder deleted by hand (``rm -rf /tmp/...``) takes its record, not its cgroups:
+    those named after a dead maker are removed, a live maker's stay."""
+    from tokengym.envs.sandbox.local.cgroups import NAME_PREFIX, cgroup_support
+
+    support = cgroup_support()
+    if not support.kind:
+        missing("CGROUPS", f"no cgroups for sandboxes here: {support.reason}")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    token = secrets.token_hex(6)
+    orphans = [os.path.join(p, f"{NAME_PREFIX}{dead_pid}-{token}") for p in support.parents]
+    mine = [os.path.join(p, f"{NAME_PREFIX}{os.getpid()}-{token}") for p in support.parents]
+    for d in orphans + mine:
+        os.mkdir(d)
+    try:
+        done = reclaim([str(tmp_path)])
+        assert not any(os.path.isdir(d) for d in orphans) and done.cgroups >= len(orphans)
+        assert all(os.path.isdir(d) for d in mine)
+    finally:
+        for d in orphans + mine:
+            if os.path.isdir(d):
+                os.rmdir(d)

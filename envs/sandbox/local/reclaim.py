@@ -119,7 +119,7 @@ class Reclaimed:
     problems: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        if not self.sandboxes and not self.problems:
+        if not self.sandboxes and not self.problems and not self.cgroups:
             return f"no sandbox of a dead owner ({self.live} live)"
         line = (
             f"reclaimed {len(self.sandboxes)} sandbox(es) of dead owners: {self.processes} process(es) killed, "
@@ -329,6 +329,36 @@ def _reclaim_one(owner: Owner, live_uids: set[int], out: Reclaimed) -> None:
     out.sandboxes.append(root)
 
 
+def _orphan_cgroups(out: Reclaimed) -> None:
+    """Sandbox cgroups under this process's own whose record is gone (a folder someone deleted):
+    named ``<prefix><pid>-...`` by their maker, removed once that pid is gone (its processes
+    killed); a probe's, once it is older than :data:`YOUNG_S`."""
+    from .cgroups import cgroup_support  # noqa: PLC0415 -- (its probe runs once per process)
+
+    for parent in cgroup_support().parents:
+        try:
+            names = [n for n in os.listdir(parent) if n.startswith(CGROUP_PREFIX)]
+        except OSError:
+            continue
+        for name in names:
+            d = os.path.join(parent, name)
+            maker = name[len(CGROUP_PREFIX) :].split("-", 1)[0]
+            try:
+                if maker.isdigit():
+                    if os.path.exists(f"/proc/{maker}"):
+                        continue  # its maker lives (or the pid was reused: left, never wrongly removed)
+                elif maker != "probe" or time.time() - os.stat(d).st_mtime < YOUNG_S:
+                    continue
+            except OSError:
+                continue
+            killed, state = _remove_cgroup(d)
+            out.processes += killed
+            if state == "removed":
+                out.cgroups += 1
+            elif state == "busy":
+                out.problems.append(f"cgroup {d} is still busy")
+
+
 def reclaim(dirs: Iterable[str] | None = None) -> Reclaimed:
     """Remove every sandbox in ``dirs`` (default: the system temp directory) whose owner is dead:
     its processes, cgroups, mounts, its uid's files in the host's shared places, its directory."""
@@ -348,6 +378,7 @@ def reclaim(dirs: Iterable[str] | None = None) -> Reclaimed:
         out.processes += _kill_by_markers({os.path.basename(o.root) for o, _ in dead})
         for owner, _ in dead:
             _reclaim_one(owner, live_uids, out)
+        _orphan_cgroups(out)
     finally:
         for _, fd in dead:
             if fd is not None:
@@ -383,7 +414,7 @@ def reclaim_once(tmp_dir: str | None) -> Reclaimed | None:
         except OSError as err:
             log.warning("reclaiming the sandboxes of dead owners in %s failed: %s", where, err)
             return None
-    if done.sandboxes:
+    if done.sandboxes or done.cgroups:
         log.warning("%s (in %s)", done.summary(), where)
     if done.problems:
         import warnings

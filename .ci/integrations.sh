@@ -19,9 +19,10 @@ cd "$(dirname "$0")/.."
 CORE=(gymnasium==1.4.0 numpy==2.4.6 jinja2==3.1.6 tqdm==4.70.1 pyarrow==26.0.1 pytest==9.2.0 pytest-xdist==3.8.0
       hypothesis==6.170.17)
 
-# verl 0.9.1 without its extras (they pin a CUDA torch) and with only what its protocol and
-# core algorithms import.
-VERL=(packaging==25.0 codetiming==1.4.0 omegaconf==2.4.0 ray==2.60.0 tensordict==0.10.0 transformers==5.10.4)
+# verl 0.9.1 without its extras (they pin a CUDA torch) and with only what its protocol, core
+# algorithms and agent loop (AgentLoopWorker, composed from its ppo_trainer.yaml by hydra) import.
+VERL=(packaging==25.0 codetiming==1.4.0 omegaconf==2.3.1 hydra-core==1.3.8 ray==2.60.0 tensordict==0.10.0
+      transformers==5.10.4 pillow==13.0.0 datasets==5.2.0 cachetools==8.0.2 fastapi==0.165.0 uvicorn==0.55.0)
 # TRL 1.16.0 (rollout_func and env_mask are experimental there) and skyrl-gym 0.4.0, which fit together.
 TRL=(trl==1.16.0 transformers==5.24.0 accelerate==1.15.0 datasets==5.2.0 skyrl-gym==0.4.0)
 
@@ -38,7 +39,8 @@ run_tests() {  # run_tests VENV TEST_FILE...
 verl_venv() {
     uv_venv .venv-verl
     # verl itself without its deps: it declares its whole training stack (wandb, peft, hydra...)
-    # as requirements; protocol and core_algos, all this uses, import none of it (so no `pip check`).
+    # as requirements; protocol, core_algos and the agent loop, all this uses, import none of it (so no
+    # `pip check`).
     uv_install .venv-verl --no-deps verl==0.9.1
     uv_install .venv-verl "${VERL[@]}" "${CORE[@]}" "$TORCH"
     uv_install .venv-verl --no-deps -e .
@@ -53,7 +55,7 @@ trl_venv() {
 
 verl() {
     phase "venv .venv-verl" verl_venv
-    phase "verl tests" run_tests .venv-verl tests/integrations/test_verl.py
+    phase "verl tests" run_tests .venv-verl tests/integrations/test_verl.py tests/integrations/test_verl_agent_loop.py
 }
 
 trl() {

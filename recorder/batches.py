@@ -181,8 +181,11 @@ class VerlBatch:
         rollout_log_probs [B, R], token_level_rewards [B, R] (float32);
         advantages [B, R] (float32) when asked for.
     Non-tensors (object arrays of length B): num_turns, turn_rewards, tool_rewards,
-        stop_reason, env_id, seed, conformance, uid, truncated_to_fit. ``uid`` is the GRPO
-        group (:func:`group_by_task`'s default key), which verl's advantage estimators group by.
+        stop_reason, env_id, seed, conformance, uid, truncated_to_fit, and the names verl's own
+        agent loops write: ``__num_turns__`` (messages, the prompt included, as
+        :class:`~tokengym.recorder.integrations.verl.TokenGymAgentLoop` counts them) and
+        ``turn_scores`` (= turn_rewards). ``uid`` is the GRPO group (:func:`group_by_task`'s
+        default key), which verl's advantage estimators group by.
     """
 
     tensors: dict[str, torch.Tensor]
@@ -395,6 +398,9 @@ def to_verl(
     non_tensors = {
         "num_turns": _object_array([t.num_turns for t in trajs]),
         "turn_rewards": _object_array([t.turn_rewards.tolist() for t in trajs]),
+        # the names verl's own agent loops write (``__num_turns__``: messages, the prompt included)
+        "__num_turns__": _object_array([len(t.segments) for t in trajs]),
+        "turn_scores": _object_array([t.turn_rewards.tolist() for t in trajs]),
         "tool_rewards": _object_array([list(t.metadata.get("tool_rewards") or []) for t in trajs]),
         "stop_reason": _object_array([t.stop_reason for t in trajs]),
         "env_id": _object_array([t.env_id for t in trajs]),

@@ -169,6 +169,8 @@ def test_verl_non_tensors_are_one_entry_per_row(trajs):
         assert v.dtype == object and v.shape == (len(trajs),), k
     assert nt["num_turns"].tolist() == [x.num_turns for x in trajs]
     assert nt["turn_rewards"][3] == [0.25, -1.0, 2.0]
+    assert nt["turn_scores"].tolist() == nt["turn_rewards"].tolist()  # verl's own name
+    assert nt["__num_turns__"].tolist() == [len(x.segments) for x in trajs]  # verl's: messages, the prompt included
     assert nt["tool_rewards"][3] == [0.1, 0.2] and nt["tool_rewards"][1] == []
     assert nt["uid"].tolist() == [x.metadata["task_id"] for x in trajs]
     assert nt["env_id"][0] == "ReplayEnv" and nt["env_id"][1] == "hand" and nt["seed"][2] == 1

@@ -144,6 +144,10 @@ def test_verl_plays_tokengym_episodes_in_its_own_worker_as_tokengym_does(world, 
     assert list(data.non_tensor_batch["stop_reason"]) == [t.stop_reason for t in ours]
     assert list(data.non_tensor_batch["tokengym_error"]) == [None] * N
     assert list(data.non_tensor_batch["__num_turns__"]) == [len(t.segments) for t in ours]
+    # to_verl writes verl's own names too, with the same values
+    laid = to_verl(ours).non_tensors
+    assert laid["__num_turns__"].tolist() == data.non_tensor_batch["__num_turns__"].tolist()
+    assert laid["turn_scores"].tolist() == [list(s) for s in data.non_tensor_batch["turn_scores"]]
     # One request id per episode, kept across its turns; each turn's prompt is the whole stream so far.
     ids = [rid for rid, _ in server.calls]
     assert len(set(ids)) == N and len(ids) == sum(t.num_turns for t in ours)

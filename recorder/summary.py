@@ -53,6 +53,8 @@ class Totals:
         self.conf: Counter[str] = Counter(dict.fromkeys(_CONF_KEYS, 0))
         self.finishes: Counter[str] = Counter()
         self.tools: Counter[str] = Counter()
+        self.reencoded = 0
+        """Episodes whose actions arrived as text and were encoded again (the SkyRL text adapter)."""
 
     def add(self, batch: pa.RecordBatch) -> None:
         import pyarrow.compute as pc  # imported by a summary, not by ``tokengym --help``
@@ -70,10 +72,12 @@ class Totals:
             self.finishes.update("unknown" if r is None else r for r in (reasons or ()))
         for raw in batch.column("metadata").to_pylist():
             try:
-                tools = (json.loads(raw) if raw else {}).get("tool_stats")
+                meta = json.loads(raw) if raw else {}
+                tools = meta.get("tool_stats")
             except (json.JSONDecodeError, AttributeError) as err:
                 raise ValueError(f"unreadable metadata ({err})") from err
             add_tool_stats(self.tools, tools)
+            self.reencoded += bool(meta.get("reencoded"))
         for raw in batch.column("conformance_summary").to_pylist():
             try:
                 c = json.loads(raw) if raw else {}
@@ -113,6 +117,7 @@ class Totals:
             "stop_reasons": dict(self.stops.most_common()),
             "finish_reasons": dict(self.finishes.most_common()),
             "tool_calls": dict(self.tools),
+            "reencoded_episodes": self.reencoded,
             "env_ids": dict(self.env_ids.most_common()),
             "conformance": {**dict(self.conf), "behaviours": dict(sorted(self.behaviours.items()))},
         }
@@ -239,6 +244,9 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
                      "their answers may be incomplete though the episode counts as done"))
     if s.get("tool_calls", {}).get("calls"):
         rows.append(("tool calls", tool_calls_line(s["tool_calls"])))
+    if s.get("reencoded_episodes"):
+        rows.append(("re-encoded", f"{s['reencoded_episodes']} episodes got their actions as text, encoded again "
+                     "(not the sampled ids: a trainer may see tokens the policy never produced)"))
     if c["behaviours"]:
         rows.append(("behaviours", _counts(c["behaviours"])))
     return rows

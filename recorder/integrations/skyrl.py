@@ -17,7 +17,9 @@ text maps onto tokens, and it says so:
   records (and the ``action_ids`` in ``metadata``) then holds the *re-encoded* ids, so a
   trainer using them may train on tokens the policy never produced. For exact token
   trajectories pass the sampled ids (``env.step(ids)``), or roll out with
-  :func:`tokengym.recorder.rollout`.
+  :func:`tokengym.recorder.rollout`. Every trajectory says which it got:
+  ``metadata["reencoded"]`` (True when any action arrived as text) and
+  ``metadata["reencoded_turns"]``; ``tokengym inspect`` counts the re-encoded episodes of a store.
 - **Observations.** ``observations`` are the messages the env appended (tool results, a
   user reply), for a generator that renders them itself; ``metadata["observation_ids"]``
   are the exact tokens tokengym appends (template glue, the messages and the next
@@ -162,6 +164,7 @@ def _build_class() -> type:
             seed, options = self._reset_spec(prompt)
             obs, info = self.env.reset(seed=seed, options=options)
             self.turns = 0
+            self.reencoded_turns = 0
             self.trajectory = None
             self._started = True
             metadata = {"prompt_ids": obs.tolist(), "tools": info.get("tools"), "task": info.get("task"), "seed": seed}
@@ -171,6 +174,7 @@ def _build_class() -> type:
             if not self._started:
                 raise RuntimeError("call init(prompt) before step(action)")
             ids = self.encode_action(action)
+            self.reencoded_turns += isinstance(action, str)  # text, not the sampled ids: see the caveat
             obs, reward, terminated, truncated, info = self.env.step(ids)
             self.turns += 1
             done = bool(terminated or truncated)
@@ -191,6 +195,10 @@ def _build_class() -> type:
             }
             if done:
                 self.trajectory = info["trajectory"]
+                # Said on the record itself (and counted by `tokengym inspect`): these actions are
+                # the encoding of text, maybe not the ids the policy sampled.
+                self.trajectory.metadata["reencoded"] = bool(self.reencoded_turns)
+                self.trajectory.metadata["reencoded_turns"] = int(self.reencoded_turns)
                 self._started = False
                 metadata["stop_reason"] = record.stop_reason
                 metadata["trajectory"] = self.trajectory
@@ -212,6 +220,7 @@ def _build_class() -> type:
                 return {"turns": self.turns}
             metrics: dict[str, Any] = {
                 "turns": t.num_turns,
+                "reencoded_turns": int(t.metadata.get("reencoded_turns", 0)),
                 "reward": t.reward,
                 "tokens": len(t),
                 "policy_tokens": int(t.mask.sum()),

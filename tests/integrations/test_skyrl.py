@@ -113,7 +113,7 @@ def test_prompt_messages_without_a_seed_are_the_conversation(renderer):
 
 
 @needs_skyrl
-def test_token_ids_skip_the_retokenization_caveat(renderer):
+def test_token_ids_skip_the_retokenization_caveat(renderer, tmp_path):
     """Text is re-encoded canonically; a non-canonical sampled split only survives as ids."""
     from tokengym.recorder.integrations.skyrl import TokenGymTextEnv
 
@@ -123,12 +123,28 @@ def test_token_ids_skip_the_retokenization_caveat(renderer):
     assert renderer.decode(pieces) == word and pieces != canonical
     end = list(renderer.turn_end_ids)
 
+    recorded = []
     for action, expected in ((renderer.decode(pieces + end), canonical + end), (pieces + end, pieces + end)):
         env = TokenGymTextEnv(env_id="tokengym/Calculator-v0", tokenizer=renderer)
         env.init([{"role": "user", "content": "Say strawberry."}])
         out = env.step(action)
-        assert out["done"] and out["metadata"]["trajectory"].actions[0].token_ids.tolist() == expected
+        traj = out["metadata"]["trajectory"]
+        assert out["done"] and traj.actions[0].token_ids.tolist() == expected
+        # every trajectory says whether its actions are re-encoded text (and the metrics count them)
+        text = isinstance(action, str)
+        assert traj.metadata["reencoded"] is text and traj.metadata["reencoded_turns"] == int(text)
+        assert env.get_metrics()["reencoded_turns"] == int(text)
+        recorded.append(traj)
         env.close()
+    from tokengym.recorder import TrajectoryWriter
+    from tokengym.recorder.summary import format_summary, summarize_store
+
+    with TrajectoryWriter(tmp_path / "store", tokenizer=renderer.tokenizer) as writer:
+        for traj in recorded:
+            writer.write(traj)
+    summary = summarize_store(tmp_path / "store")
+    assert summary["reencoded_episodes"] == 1
+    assert "1 episodes got their actions as text, encoded again" in format_summary(summary)
 
 
 @needs_skyrl

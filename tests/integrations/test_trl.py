@@ -242,3 +242,28 @@ def test_the_docs_trl_example_runs(qwen3, tmp_path, monkeypatch):
     scope = {"model": tiny_model(qwen3), "tokenizer": qwen3}
     exec(compile(block, "docs/integrations.md", "exec"), scope)
     assert scope["trainer"].state.global_step == 1
+
+
+def test_the_rollout_func_plays_the_rows_tokengyms_rollout_plays(qwen3):
+    """The same episodes through TRL's rollout_func and through tokengym's own rollout() give the
+    same rows, token for token (greedy: the two paths key their sampling seeds differently)."""
+    from types import SimpleNamespace
+
+    from tokengym.envs import CalculatorEnv
+    from tokengym.policies import HFPolicy, SamplingParams
+    from tokengym.recorder import rollout, to_trl
+
+    model = tiny_model(qwen3).eval()
+    sampling = SamplingParams(max_tokens=12, temperature=0.0)
+    make = lambda: CalculatorEnv(qwen3, max_turns=2)  # noqa: E731
+    func = trl_rollout_func(make, policy=HFPolicy(model, qwen3), sampling=sampling, seed=0)
+    trainer = SimpleNamespace(args=SimpleNamespace(num_generations=1, max_completion_length=None))
+    out = func(trl_prompts(3, seed=0), trainer)
+    ours = rollout(make, HFPolicy(model, qwen3), episodes=3, sampling=sampling, seed=0, progress=False).trajectories
+    expected = to_trl(ours)
+    for key in ("prompt_ids", "completion_ids", "env_mask"):
+        assert [list(x) for x in out[key]] == [list(x) for x in expected[key]], key
+    for got, want in zip(out["logprobs"], expected["logprobs"]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert out["env_reward"] == [t.reward for t in ours]
+    func.close()

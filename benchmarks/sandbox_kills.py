@@ -157,14 +157,21 @@ def one_backend(backend: str, kills: int, rng: random.Random) -> dict[str, Any]:
             "after_kills": after_kills,
             "after_next_run": after_next,
             "next_run_exit": nxt.returncode,
-            "next_run_said": [line for line in nxt.stderr.splitlines() if "dead owners" in line][-1:],
+            "next_run_said": [_anonymous(line, tmp_root) for line in nxt.stderr.splitlines() if "dead owners" in line][-1:],
             "after_gc": after_gc,
             "gc_exit": gc.returncode,
-            "gc_said": gc.stdout.strip().splitlines(),
+            "gc_said": [_anonymous(line, tmp_root) for line in gc.stdout.strip().splitlines()],
         }
     finally:
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(tmp_root, ignore_errors=True)
+
+
+def _anonymous(line: str, tmp_root: str) -> str:
+    """A line without this machine's paths (the stored results are committed)."""
+    line = line.replace(tmp_root, "<tmp_root>")
+    host = os.environ.get("DOCKER_HOST")
+    return line.replace(host, "<DOCKER_HOST>") if host else line
 
 
 def main() -> None:

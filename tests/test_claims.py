@@ -88,6 +88,25 @@ def scale_claim() -> str:
     )
 
 
+def kills_claim() -> str:
+    """docs/sandboxes.md's sentence on what killed runs leave, from ``benchmarks/sandbox_kills.py --json``."""
+    runs = json.loads((RESULTS / "sandbox_kills.json").read_text(encoding="utf-8"))
+    parts = []
+    for r in runs:
+        left = ", ".join(f"{v} {k}" for k, v in r["after_next_run"].items())
+        parts.append(f"{r['backend']}: {r['sandboxes_made']} sandboxes in {r['kills']} SIGKILLed runs, {left} left after the next run")
+    return (
+        "Measured (`python benchmarks/sandbox_kills.py --json benchmarks/results/sandbox_kills.json`): "
+        + "; ".join(parts) + "."
+    )
+
+
+def test_the_sandbox_docs_quote_the_stored_kill_run():
+    expected = kills_claim()
+    doc = re.sub(r"\s+", " ", (ROOT / "docs" / "sandboxes.md").read_text(encoding="utf-8"))
+    assert expected in doc, f"docs/sandboxes.md should say (from the stored output):\n{expected}"
+
+
 @pytest.mark.parametrize("claim", [learn_claim, observation_claim, scale_claim], ids=lambda f: f.__name__)
 def test_the_readme_quotes_the_stored_run(claim):
     expected = claim()

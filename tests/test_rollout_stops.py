@@ -174,17 +174,21 @@ class HangingCalculator(CalculatorEnv):
         return super().step(action)
 
 
-@pytest.mark.alone  # a wall-clock bound
-def test_a_hung_env_step_fails_its_episode_by_name_and_the_run_goes_on(qwen25):
+def run_with_a_hang(env_cls, tok):
+    """Six episodes, two at a time, under a 0.5 s step deadline, one of them hung: (stats, wall seconds)."""
     RELEASE.clear()
     start = time.monotonic()
     try:
-        result = rollout(lambda: HangingCalculator(qwen25), answer_policy(qwen25), episodes=6, concurrency=2,
+        result = rollout(lambda: env_cls(tok), answer_policy(tok), episodes=6, concurrency=2,
                          progress=False, deadlines=Deadlines(step_s=0.5))
-        wall = time.monotonic() - start
+        return result.stats, time.monotonic() - start
     finally:
         RELEASE.set()
-    s = result.stats
+
+
+@pytest.mark.alone  # a wall-clock bound
+def test_a_hung_env_step_fails_its_episode_by_name_and_the_run_goes_on(qwen25):
+    s, wall = run_with_a_hang(HangingCalculator, qwen25)
     assert (s.episodes, s.failed, s.not_run) == (5, 1, 0) and not s.interrupted
     (error,) = s.errors
     assert (error.episode, error.type) == (1, "EpisodeTimeout")
@@ -208,15 +212,7 @@ class HangingReset(CalculatorEnv):
 
 @pytest.mark.alone  # a wall-clock bound
 def test_a_hung_reset_fails_its_episode_by_name_and_the_run_goes_on(qwen25):
-    RELEASE.clear()
-    start = time.monotonic()
-    try:
-        result = rollout(lambda: HangingReset(qwen25), answer_policy(qwen25), episodes=6, concurrency=2,
-                         progress=False, deadlines=Deadlines(step_s=0.5))
-        wall = time.monotonic() - start
-    finally:
-        RELEASE.set()
-    s = result.stats
+    s, wall = run_with_a_hang(HangingReset, qwen25)
     assert (s.episodes, s.failed, s.not_run) == (5, 1, 0) and not s.interrupted
     (error,) = s.errors
     assert (error.episode, error.type) == (3, "EpisodeTimeout") and "the env's reset did not return within 0.5 s" in error.message

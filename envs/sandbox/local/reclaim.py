@@ -32,7 +32,7 @@ from .leftovers import remove_tree, remove_uid_leftovers
 from .paths import TMP_PREFIX, is_under
 from .quota import unmount
 from .cgroups import NAME_PREFIX as CGROUP_PREFIX
-from .uids import MARKER_VAR, UID_RANGE, kill_uid
+from .uids import UID_RANGE, kill_marked, kill_uid
 
 __all__ = ["OWNER_FILE", "Owner", "Reclaimed", "claim", "note_cgroups", "reclaim", "reclaim_once", "scan"]
 
@@ -272,30 +272,11 @@ def _remove_cgroup(d: str, within_s: float = 2.0) -> tuple[int, str]:
 
 
 def _kill_by_markers(tokens: set[str]) -> int:
-    """SIGKILL every process whose ``MARKER_VAR`` names one of the sandboxes ``tokens``."""
+    """SIGKILL every process whose ``MARKER_VAR`` (``<sandbox>-<call>``) names one of the sandboxes ``tokens``."""
     if not tokens:
         return 0
-    prefix = f"{MARKER_VAR}=".encode()
     wanted = {t.encode() for t in tokens}
-    killed = 0
-    me = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        for item in env:
-            if item.startswith(prefix) and item[len(prefix) :].rsplit(b"-", 1)[0] in wanted:
-                try:
-                    os.kill(int(name), signal.SIGKILL)
-                    killed += 1
-                except OSError:
-                    pass
-                break
-    return killed
+    return kill_marked(lambda value: value.rsplit(b"-", 1)[0] in wanted)
 
 
 def _reclaim_one(owner: Owner, live_uids: set[int], out: Reclaimed) -> None:

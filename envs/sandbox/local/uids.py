@@ -12,6 +12,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 from ..base import SandboxError
 
@@ -79,9 +80,9 @@ def count_processes_of(uid: int) -> int:
     return sum(_processes_of(uid))
 
 
-def kill_by_marker(marker: str) -> int:
-    """SIGKILL every process whose environment holds ``MARKER_VAR=marker`` (best effort)."""
-    needle = f"{MARKER_VAR}={marker}".encode()
+def kill_marked(match: Callable[[bytes], bool]) -> int:
+    """SIGKILL every process (but this one) whose ``MARKER_VAR`` value ``match`` accepts (best effort)."""
+    prefix = f"{MARKER_VAR}=".encode()
     killed = 0
     me = os.getpid()
     for name in os.listdir("/proc"):
@@ -89,16 +90,22 @@ def kill_by_marker(marker: str) -> int:
             continue
         try:
             with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
+                env = f.read().split(b"\0")
         except OSError:
             continue
-        if needle in env.split(b"\0"):
+        if any(item.startswith(prefix) and match(item[len(prefix) :]) for item in env):
             try:
                 os.kill(int(name), signal.SIGKILL)
                 killed += 1
             except OSError:
                 pass
     return killed
+
+
+def kill_by_marker(marker: str) -> int:
+    """SIGKILL every process whose environment holds ``MARKER_VAR=marker`` (best effort)."""
+    wanted = marker.encode()
+    return kill_marked(lambda value: value == wanted)
 
 
 def kill_uid(uid: int, *, zombies_at_most: int | None = None, within_s: float = 2.0) -> None:

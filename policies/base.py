@@ -18,7 +18,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["FinishReason", "Generation", "LogprobKind", "Policy", "SamplingParams", "StreamsTokens", "TokenListener"]
+__all__ = [
+    "FinishReason", "Generation", "LogprobKind", "Policy", "SamplingParams", "StreamsTokens", "TokenListener", "finish_reason",
+]
 
 FinishReason = Literal["stop", "stop_string", "length"]
 LogprobKind = Literal["raw", "processed", "none"]
@@ -84,6 +86,23 @@ class Generation:
             if lp.shape != ids.shape:
                 raise ValueError(f"{len(lp)} logprobs for {len(ids)} generated tokens")
             object.__setattr__(self, "logprobs", lp)
+
+
+def finish_reason(out: Sequence[int], p: SamplingParams, tokenizer: Any) -> FinishReason | None:
+    """Why a generation whose tokens so far are ``out`` ends here (``"stop"``, ``"stop_string"``,
+    ``"length"``), or ``None`` while it goes on: one rule for every decode loop and every engine
+    whose answer is only token ids (verl's server manager)."""
+    if len(out) and out[-1] in p.stop_token_ids:
+        return "stop"
+    if p.stop_strings:
+        # The env's own check, imported here so that importing tokengym.policies does not load tokengym.envs.
+        from tokengym.envs.stop_strings import ends_with_stop_string
+
+        if ends_with_stop_string(out, p.stop_strings, tokenizer):
+            return "stop_string"
+    if len(out) >= p.max_tokens:
+        return "length"
+    return None
 
 
 @runtime_checkable

@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from .base import Generation, SamplingParams, TokenListener, check_contexts, per_request
+from .base import Generation, SamplingParams, TokenListener, check_contexts, finish_reason, per_request
 
 if TYPE_CHECKING:  # torch and transformers load when a policy is built, not with the package
     import torch
@@ -241,16 +241,6 @@ class HFPolicy:
             decoder.close()
 
     def finish_reason(self, out: list[int], p: SamplingParams) -> str | None:
-        """Why a request whose tokens so far are ``out`` ends here (``"stop"``, ``"stop_string"``,
-        ``"length"``), or ``None`` while it goes on: one rule for both decode loops."""
-        if out[-1] in p.stop_token_ids:
-            return "stop"
-        if p.stop_strings:
-            # The env's own check, imported here so that importing tokengym.policies does not load tokengym.envs.
-            from tokengym.envs.stop_strings import ends_with_stop_string
-
-            if ends_with_stop_string(out, p.stop_strings, self.tokenizer):
-                return "stop_string"
-        if len(out) >= p.max_tokens:
-            return "length"
-        return None
+        """Why a request whose tokens so far are ``out`` ends here, or ``None`` while it goes on:
+        one rule for both decode loops (:func:`~tokengym.policies.base.finish_reason`)."""
+        return finish_reason(out, p, self.tokenizer)

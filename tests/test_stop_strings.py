@@ -93,3 +93,17 @@ def test_the_env_and_the_scripted_policy_agree_on_a_long_stop_string(qwen25):
     assert info["closed_by"] == "stop_string"
     turn_end = env.renderer.turn_end_ids
     assert tuple(obs[: len(turn_end)].tolist()) == turn_end  # the env closed the turn in the observation
+
+
+def test_one_finish_rule_for_every_engine_that_answers_with_ids(qwen25):
+    """``policies.base.finish_reason``: HFPolicy's decode loops and verl's server-manager path use it."""
+    from tokengym.policies.base import finish_reason
+
+    end = qwen25.convert_tokens_to_ids("<|im_end|>")
+    p = SamplingParams(max_tokens=50, stop_token_ids=(end,), stop_strings=("</answer>",))
+    answer = qwen25.encode("<answer>5</answer>")
+    assert finish_reason(answer + [end], p, qwen25) == "stop"
+    assert finish_reason(answer, p, qwen25) == "stop_string"
+    assert finish_reason(qwen25.encode("still going"), p, qwen25) is None
+    long = qwen25.encode(" word" * 50)[:50]
+    assert finish_reason(long, p, qwen25) == "length"

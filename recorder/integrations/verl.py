@@ -62,18 +62,29 @@ except ImportError as err:  # pragma: no cover - depends on the environment
         "packages docs/integrations.md lists (hydra-core, omegaconf, ray, tensordict, ...)"
     ) from err
 
-from tokengym.envs.stop_strings import ends_with_stop_string
 from tokengym.policies import Generation, SamplingParams
+from tokengym.policies.base import FinishReason, finish_reason
 
 from ..drivers.episodes import EpisodeError, EpisodeSlot, EpisodeTask, env_factory
 from ..drivers.runner import play, steps_wait
-from ..drivers.step_pool import Deadlines
+from ..drivers.step_pool import Deadlines, StepThreads
 from ..trajectory import Trajectory
 from ..wrapper import RecordEpisodes
 
 __all__ = ["TokenGymAgentLoop", "verl_sampling", "agent_loop_output"]
 
 log = logging.getLogger("tokengym.verl")
+
+STEP_THREADS = 256
+"""Env steps and resets of one verl worker process that run at once (the rest queue)."""
+_THREADS: StepThreads | None = None
+
+
+def _step_threads() -> StepThreads:
+    global _THREADS
+    if _THREADS is None:
+        _THREADS = StepThreads(STEP_THREADS, name="tokengym-verl-env")
+    return _THREADS
 
 
 def verl_sampling(base: Mapping[str, Any], params: SamplingParams) -> dict[str, Any]:
@@ -87,13 +98,15 @@ def verl_sampling(base: Mapping[str, Any], params: SamplingParams) -> dict[str, 
     return out
 
 
-def _finish_reason(ids: list[int], params: SamplingParams, tokenizer: Any) -> str:
-    """Why the server stopped: only the env's stops end a turn (``ignore_eos``), else the budget did."""
-    if ids and ids[-1] in params.stop_token_ids:
-        return "stop"
-    if params.stop_strings and ids and ends_with_stop_string(tokenizer, ids, params.stop_strings):
-        return "stop_string"
-    return "length"
+def _finish_reason(ids: list[int], params: SamplingParams, tokenizer: Any) -> FinishReason:
+    """Why the server stopped: only the env's stops and the turn's budget end a turn (``ignore_eos``)."""
+    reason = finish_reason(ids, params, tokenizer)
+    if reason is None:
+        raise RuntimeError(
+            f"verl's server stopped after {len(ids)} of {params.max_tokens} tokens on none of the env's stop tokens or "
+            "strings: does it honour ignore_eos and stop_token_ids?"
+        )
+    return reason
 
 
 def agent_loop_output(
@@ -237,19 +250,23 @@ class TokenGymAgentLoop(AgentLoopBase):
             ids = [int(t) for t in out.token_ids]
             lps = out.log_probs if out.log_probs else None
             return Generation(np.array(ids, dtype=np.int64), None if lps is None else np.array(lps, dtype=np.float32),
-                              _finish_reason(ids, params, self.tokenizer))  # type: ignore[arg-type]
+                              _finish_reason(ids, params, self.tokenizer))
 
         threaded = steps_wait(env)
+
+        async def on_thread(fn: Any, arg: Any) -> Any:
+            # daemon threads (the driver's): a step past its deadline never holds verl's exit
+            return await asyncio.wrap_future(_step_threads().submit(fn, arg)) if threaded else fn(arg)
 
         async def step(s: EpisodeSlot, gen: Generation) -> Any:
             start = loop.time()
             try:
-                return await asyncio.to_thread(s.step, gen) if threaded else s.step(gen)
+                return await on_thread(s.step, gen)
             finally:
                 metrics["tool_calls"] += loop.time() - start
 
         async def begin(s: EpisodeSlot, t: EpisodeTask) -> None:
-            await asyncio.to_thread(s.begin, t) if threaded else s.begin(t)
+            await on_thread(s.begin, t)
 
         outcome = await play(slot, task, base, generate, step, self.deadlines, begin)
         if isinstance(outcome, EpisodeError):

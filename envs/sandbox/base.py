@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import TracebackType
 from typing import Literal
 
-__all__ = ["ExecResult", "Isolation", "Limits", "Sandbox", "SandboxError", "Status", "resolve_limits"]
+__all__ = ["ExecResult", "Isolation", "Limits", "Sandbox", "SandboxError", "Status", "process_start_time", "resolve_limits"]
 
 Status = Literal["ok", "error", "timeout", "killed", "oom", "crashed"]
 """``ok``: exit code 0. ``error``: a non-zero exit. ``timeout``: killed at the wall-clock limit.
@@ -248,3 +248,16 @@ class Sandbox(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.isolation.describe()}>"
+
+
+def process_start_time(pid: int) -> str | None:
+    """When process ``pid`` started (``/proc/<pid>/stat`` field 22, clock ticks since boot), or None
+    when there is no such process: with the pid, it names a process even after the pid is reused.
+    Both backends record their sandboxes' owner with it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Field 22 (starttime), counted after the parenthesised command name.
+    return stat[stat.rindex(b")") + 2 :].split()[19].decode()

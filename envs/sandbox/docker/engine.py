@@ -8,7 +8,7 @@ import socket
 import threading
 from typing import Any
 
-from ..base import SandboxError
+from ..base import SandboxError, process_start_time
 
 LABEL = "org.tokengym.sandbox"
 """Every container this module starts carries this label (value ``"1"``)."""
@@ -93,16 +93,6 @@ def _one_connection_pool(client: Any) -> None:
             adapter.get_connection = lambda url, proxies=None, _get=get: _get("http+docker://localhost", proxies)
 
 
-def _proc_start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # Field 22 (starttime), counted after the parenthesised command name.
-    return stat[stat.rindex(b")") + 2 :].split()[19].decode()
-
-
 _OWNERS: dict[int, str] = {}
 
 
@@ -110,7 +100,7 @@ def process_owner() -> str:
     """This process's owner label (computed per pid: a forked child is an owner of its own)."""
     pid = os.getpid()
     if pid not in _OWNERS:
-        _OWNERS[pid] = f"{socket.gethostname()}:{pid}:{_proc_start_time(pid) or 0}"
+        _OWNERS[pid] = f"{socket.gethostname()}:{pid}:{process_start_time(pid) or 0}"
     return _OWNERS[pid]
 
 
@@ -122,7 +112,7 @@ def owner_alive(owner: str) -> bool:
         return False
     if host != socket.gethostname():
         return True  # another machine's: never ours to judge
-    return _proc_start_time(int(pid)) == start
+    return process_start_time(int(pid)) == start
 
 
 def cleanup_containers(

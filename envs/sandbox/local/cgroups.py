@@ -24,7 +24,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["Cgroup", "CgroupSupport", "cgroup_support"]
@@ -205,6 +205,16 @@ class Cgroup:
                 except OSError:
                     pass
             raise
+
+    @classmethod
+    def existing(cls, dirs: Sequence[str]) -> Cgroup:
+        """The cgroup(s) ``dirs`` another process made (a dead sandbox's): to kill what is in them
+        and remove them (:meth:`pids`, :meth:`kill_all`, :meth:`remove`), never to join."""
+        self = cls.__new__(cls)
+        self.kind = "v2" if len(dirs) == 1 else "v1"
+        self.dirs = tuple(dirs)
+        self.procs_files = tuple(os.path.join(d, "cgroup.procs") for d in self.dirs)
+        return self
 
     def describe(self) -> str:
         """How the limits hold, for :attr:`Isolation.details`."""

@@ -20,7 +20,6 @@ import fcntl
 import json
 import logging
 import os
-import signal
 import socket
 import tempfile
 import threading
@@ -28,10 +27,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..base import process_start_time
 from .leftovers import remove_tree, remove_uid_leftovers
 from .paths import TMP_PREFIX, is_under
 from .quota import unmount
-from .cgroups import NAME_PREFIX as CGROUP_PREFIX
+from .cgroups import NAME_PREFIX as CGROUP_PREFIX, Cgroup
 from .uids import UID_RANGE, kill_marked, kill_uid
 
 __all__ = ["OWNER_FILE", "Owner", "Reclaimed", "claim", "note_cgroups", "reclaim", "reclaim_once", "scan"]
@@ -53,15 +53,6 @@ def _boot_id() -> str:
         return ""
 
 
-def _start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rindex(b")") + 2 :].split()[19].decode()
-    except (OSError, ValueError, IndexError):
-        return ""
-
-
 def claim(root: str, *, uid: int | None, sweep: bool) -> int:
     """Write ``root``'s owner record and lock it for this process; returns the descriptor that holds
     the lock (closed by the sandbox's release, last). ``uid``: the sandbox's own uid, if any."""
@@ -72,7 +63,7 @@ def claim(root: str, *, uid: int | None, sweep: bool) -> int:
         record = {
             "version": RECORD_VERSION,
             "pid": pid,
-            "start": _start_time(pid),
+            "start": process_start_time(pid) or "",
             "boot_id": _boot_id(),
             "host": socket.gethostname(),
             "uid": uid,
@@ -242,33 +233,16 @@ def _noted_cgroups(root: str) -> list[str]:
     return [line for line in text.split("\n")[:-1] if os.path.basename(line).startswith(CGROUP_PREFIX) and line.startswith("/sys/fs/cgroup/")]
 
 
-def _remove_cgroup(d: str, within_s: float = 2.0) -> tuple[int, str]:
-    """Kill the processes of cgroup ``d`` and remove it: (processes killed, "removed", "absent" or "busy")."""
-    killed = 0
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            with open(os.path.join(d, "cgroup.procs")) as f:
-                pids = [int(x) for x in f.read().split()]
-        except FileNotFoundError:
-            return killed, "absent"
-        except (OSError, ValueError):
-            pids = []
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
-        try:
-            os.rmdir(d)
-            return killed, "removed"
-        except FileNotFoundError:
-            return killed, "absent"
-        except OSError:
-            if time.monotonic() > deadline:
-                return killed, "busy"
-            time.sleep(0.01)
+def _remove_cgroups(dirs: list[str], out: Reclaimed) -> list[str]:
+    """Kill what is in one sandbox's cgroup(s) ``dirs`` and remove them; those still busy."""
+    present = [d for d in dirs if os.path.isdir(d)]
+    if not present:
+        return []
+    cgroup = Cgroup.existing(present)
+    out.processes += len(cgroup.pids())
+    busy = cgroup.remove()
+    out.cgroups += len(present) - len(busy)
+    return busy
 
 
 def _kill_by_markers(tokens: set[str]) -> int:
@@ -282,13 +256,7 @@ def _kill_by_markers(tokens: set[str]) -> int:
 def _reclaim_one(owner: Owner, live_uids: set[int], out: Reclaimed) -> None:
     root = owner.root
     problems: list[str] = []
-    for d in _noted_cgroups(root):
-        killed, state = _remove_cgroup(d)
-        out.processes += killed
-        if state == "removed":
-            out.cgroups += 1
-        elif state == "busy":
-            problems.append(f"cgroup {d} is still busy")
+    problems += [f"cgroup {d} is still busy" for d in _remove_cgroups(_noted_cgroups(root), out)]
     if owner.uid is not None and owner.uid not in live_uids:
         kill_uid(owner.uid)
         if owner.sweep:
@@ -316,28 +284,25 @@ def _orphan_cgroups(out: Reclaimed) -> None:
     killed); a probe's, once it is older than :data:`YOUNG_S`."""
     from .cgroups import cgroup_support  # noqa: PLC0415 -- (its probe runs once per process)
 
+    by_name: dict[str, list[str]] = {}  # one sandbox's cgroup in each hierarchy (v1: memory and pids)
     for parent in cgroup_support().parents:
         try:
             names = [n for n in os.listdir(parent) if n.startswith(CGROUP_PREFIX)]
         except OSError:
             continue
         for name in names:
-            d = os.path.join(parent, name)
-            maker = name[len(CGROUP_PREFIX) :].split("-", 1)[0]
-            try:
-                if maker.isdigit():
-                    if os.path.exists(f"/proc/{maker}"):
-                        continue  # its maker lives (or the pid was reused: left, never wrongly removed)
-                elif maker != "probe" or time.time() - os.stat(d).st_mtime < YOUNG_S:
-                    continue
-            except OSError:
+            by_name.setdefault(name, []).append(os.path.join(parent, name))
+    for name, dirs in by_name.items():
+        maker = name[len(CGROUP_PREFIX) :].split("-", 1)[0]
+        try:
+            if maker.isdigit():
+                if os.path.exists(f"/proc/{maker}"):
+                    continue  # its maker lives (or the pid was reused: left, never wrongly removed)
+            elif maker != "probe" or time.time() - os.stat(dirs[0]).st_mtime < YOUNG_S:
                 continue
-            killed, state = _remove_cgroup(d)
-            out.processes += killed
-            if state == "removed":
-                out.cgroups += 1
-            elif state == "busy":
-                out.problems.append(f"cgroup {d} is still busy")
+        except OSError:
+            continue
+        out.problems += [f"cgroup {d} is still busy" for d in _remove_cgroups(dirs, out)]
 
 
 def reclaim(dirs: Iterable[str] | None = None) -> Reclaimed:

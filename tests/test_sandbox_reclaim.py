@@ -213,3 +213,29 @@ def test_cgroups_whose_record_was_deleted_go_once_their_maker_is_gone(tmp_path):
         for d in orphans + mine:
             if os.path.isdir(d):
                 os.rmdir(d)
+
+
+def test_a_tmp_root_the_sandbox_cannot_reach_is_a_named_error():
+    if os.geteuid() != 0:
+        missing("ROOT", "the sandbox runs under a uid of its own only on a root host")
+    from tokengym.envs.sandbox import SandboxError
+
+    private = tempfile.mkdtemp(prefix="reclaim-private-")  # 0700, as pytest's tmp_path
+    try:
+        with pytest.raises(SandboxError, match=r"cannot pass through it .*chmod o\+x"):
+            LocalSandbox(isolation="none", tmp_root=private)
+        assert os.listdir(private) == []  # nothing made there
+    finally:
+        os.rmdir(private)
+
+
+def test_the_command_fails_when_the_docker_engine_it_must_clean_is_not_there(tmp_path):
+    gc = subprocess.run(
+        [sys.executable, "-m", "tokengym.recorder.cli", "sandbox", "gc", "--tmp-dir", str(tmp_path),
+         "--docker", "yes", "--docker-host", f"unix://{tmp_path}/no-engine.sock"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if "docker SDK" in gc.stdout:
+        missing("DOCKER_SDK", "the docker SDK is not installed")
+    assert gc.returncode == 1, (gc.stdout, gc.stderr)
+    assert "docker: no Docker engine answers" in gc.stdout and "local: " in gc.stdout

@@ -236,6 +236,6 @@ def test_the_command_fails_when_the_docker_engine_it_must_clean_is_not_there(tmp
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     if "docker SDK" in gc.stdout:
-        missing("DOCKER_SDK", "the docker SDK is not installed")
+        missing("DOCKER", "the docker SDK is not installed")
     assert gc.returncode == 1, (gc.stdout, gc.stderr)
     assert "docker: no Docker engine answers" in gc.stdout and "local: " in gc.stdout

@@ -52,6 +52,7 @@ from .registry import (
 from .replay import ReplayEnv, example_transcript, load_transcript
 from .tokenizers import PINNED_TOKENIZERS, fetch_tokenizer, load_tokenizer
 from .tool_runner import ToolRunner, abandoned_threads
+from .mcp import MCPServerError, MCPTools
 from .tool_env import CallRecord, ToolEnv, answer_reward, extract_answer, strip_reasoning, truncate_middle
 from .function_tools import (
     Tool,
@@ -105,6 +106,8 @@ __all__ = [
     "ReplayEnv",
     "ShellEnv",
     "TemplateError",
+    "MCPServerError",
+    "MCPTools",
     "Tool",
     "ToolAdditionEnv",
     "ToolCall",

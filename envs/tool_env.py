@@ -32,6 +32,7 @@ from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt
 from .parsers import ParsedCall, ToolCallParser, call_evidence, get_parser, parse_calls
 from .render import Message, TemplateError
 from .function_tools import Tool, ToolCall, expand_tools
+from .mcp.tools import MCPTools, OpenMCPTools, mcp_tools_of
 from .tool_runner import ToolRunner
 
 __all__ = [
@@ -175,7 +176,7 @@ class CallRecord:
 def _new_stats() -> dict[str, int]:
     return {
         "calls": 0, **{s: 0 for s in _STATUSES}, "invalid": 0, "truncated": 0, "consecutive_invalid": 0,
-        "render_refused": 0,
+        "render_refused": 0, "server_restarts": 0,
     }
 
 
@@ -189,7 +190,11 @@ class ToolEnv(ChatEnv):
             {"index": i})`` picks one), or a function ``rng -> task``. A task has ``"prompt"``
             (the user's text) or ``"messages"``, optionally ``"system"``, and whatever the reward
             needs (``"answer"``, ``"id"``...). ``reset(options={"task": {...}})`` sets one directly.
-        tools: callables or :class:`Tool` s shared by all episodes (keep them stateless).
+        tools: callables or :class:`Tool` s shared by all episodes (keep them stateless), and
+            :class:`~tokengym.envs.MCPTools` (an MCP server's tools, started when the env is built).
+        mcp_servers: more MCP servers in the JSON-able forms env kwargs and the CLI carry: a
+            command (``"uvx mcp-server-time"`` or an argv list), an ``http(s)://`` URL, or a dict
+            of :class:`~tokengym.envs.MCPTools` arguments.
         tool_factory: ``task -> tools``, called at every reset: per-episode state lives here
             (closures over a fresh dict, or :func:`~tokengym.envs.function_tools.tools_of` a fresh object).
         reward_fn: ``(final_text, task) -> float`` for the final answer (``final_text`` is the
@@ -230,8 +235,9 @@ class ToolEnv(ChatEnv):
         self,
         tokenizer: Any,
         tasks: TaskSource | None = None,
-        tools: Sequence[Any] = (),
+        tools: Sequence[Any] | MCPTools = (),
         *,
+        mcp_servers: Sequence[Any] = (),
         tool_factory: Callable[[dict[str, Any]], Sequence[Any]] | None = None,
         reward_fn: RewardFn | None = None,
         turn_reward_fn: Callable[[list[CallRecord], dict[str, Any]], float] | None = None,
@@ -254,7 +260,9 @@ class ToolEnv(ChatEnv):
             raise ValueError(f"tool result budgets must be at least {MIN_RESULT_TOKENS} tokens")
         super().__init__(tokenizer, max_turns=max_turns, **kwargs)
         self.tasks = tasks
-        self.static_tools = expand_tools(tools)
+        servers, plain = mcp_tools_of([tools] if isinstance(tools, MCPTools) else tools)
+        servers += [MCPTools.coerce(v) for v in mcp_servers]
+        self.static_tools = expand_tools(plain)
         self._check_names(self.static_tools)
         for t in self.static_tools:
             t.schema  # noqa: B018 -- fail now, not in the first episode, when a schema cannot be built
@@ -274,6 +282,18 @@ class ToolEnv(ChatEnv):
         self._schemas: list[dict[str, Any]] = []
         self._stats = _new_stats()
         self._task: dict[str, Any] = {}
+        self.mcp: list[OpenMCPTools] = []
+        """The env's open MCP servers (started here: a server that does not start fails the build)."""
+        try:
+            for server in servers:
+                self.mcp.append(server.open())
+            self._check_names([*self.static_tools, *self._mcp_tools()])
+        except BaseException:
+            self.close()
+            raise
+
+    def _mcp_tools(self) -> list[Tool]:
+        return [t for source in self.mcp for t in source.tools]
 
     # ----------------------------------------------------------------- hooks
     def sample_task(self, options: dict[str, Any]) -> dict[str, Any]:
@@ -290,9 +310,9 @@ class ToolEnv(ChatEnv):
         return copy.deepcopy(dict(self.tasks[index]))
 
     def episode_tools(self, task: dict[str, Any]) -> Sequence[Any]:
-        """The tools of one episode: the shared ones, then the factory's fresh ones."""
+        """The tools of one episode: the shared ones, the MCP servers', then the factory's fresh ones."""
         fresh = list(self.tool_factory(task)) if self.tool_factory is not None else []
-        return [*self.static_tools, *fresh]
+        return [*self.static_tools, *self._mcp_tools(), *fresh]
 
     def task_messages(self, task: dict[str, Any]) -> list[Message]:
         """The opening messages for ``task``."""
@@ -344,6 +364,8 @@ class ToolEnv(ChatEnv):
         return super().reset(seed=seed, options=opts)
 
     def make_prompt(self, options: dict[str, Any]) -> Prompt:
+        for source in self.mcp:  # a server that stopped or hung last episode is restarted here
+            self._stats["server_restarts"] += source.begin_episode()
         task = self.sample_task(options)
         tools = expand_tools(self.episode_tools(task))
         self._check_names(tools)
@@ -354,6 +376,8 @@ class ToolEnv(ChatEnv):
         return Prompt(self.task_messages(task), schemas or None, task)
 
     def close(self) -> None:
+        for source in getattr(self, "mcp", ()):
+            source.close()
         self.runner.close()
         super().close()
 
@@ -414,6 +438,9 @@ class ToolEnv(ChatEnv):
         ]
         reward = sum(r.reward for r in records) + self.turn_reward(records, task)
         info: dict[str, Any] = {"tool_results": [r.as_dict() for r in records], "tool_stats": dict(self._stats)}
+        kept = [part for source in self.mcp for part in source.take_kept()]
+        if kept:  # images and blobs MCP tools returned: said in the text, kept here as data
+            info["tool_data"] = kept
         stop = None
         if self._stats["consecutive_invalid"] >= self.max_invalid_calls:
             stop = "invalid_tool_calls"

@@ -294,9 +294,9 @@ def episode_notes(traj: Trajectory) -> list[str]:
 def add_tool_stats(counts: Counter, tool_stats: Any) -> None:
     """Add one episode's ``tool_stats`` (the env's counters) to a run's ``counts``: each counter but
     the running ``consecutive_invalid``, and ``episodes`` (episodes with a call)."""
-    if isinstance(tool_stats, Mapping) and tool_stats.get("calls"):
+    if isinstance(tool_stats, Mapping) and (tool_stats.get("calls") or tool_stats.get("server_restarts")):
         counts.update({k: int(v) for k, v in tool_stats.items() if k != "consecutive_invalid" and v})
-        counts["episodes"] += 1
+        counts["episodes"] += bool(tool_stats.get("calls"))
 
 
 def tool_calls_line(counts: Mapping[str, int]) -> str:
@@ -315,4 +315,7 @@ def tool_calls_line(counts: Mapping[str, int]) -> str:
         line += f"; {counts['truncated']} results cut to the token budget"
     if counts.get("render_refused"):
         line += f"; {counts['render_refused']} turns whose results the chat template refused to render"
+    if counts.get("server_restarts"):
+        n = counts["server_restarts"]
+        line += f"; {n} restart{'s' if n > 1 else ''} of MCP servers that stopped or hung"
     return line

@@ -411,3 +411,76 @@ def test_result_text_of_says_every_kind_of_content():
     assert [k["type"] for k in kept] == ["image", "resource"]
     structured = CallToolResult(content=[], structured_content={"temp": 21})
     assert result_text_of(structured) == ('{"temp": 21}', [])
+
+
+# ------------------------------------------------------------------------ CLI
+def test_rollout_cli_gives_any_tool_env_an_mcp_server(qwen3, tmp_path, capsys):
+    import shlex
+
+    from tokengym.recorder import read_trajectories
+    from tokengym.recorder.cli import main
+
+    out = tmp_path / "store"
+    time_call = '<tool_call>\n{"name": "get_current_time", "arguments": {"timezone": "UTC"}}\n</tool_call>'
+    code = main([
+        "rollout", "tokengym/Calculator-v0", "--policy", "scripted", "--tokenizer", "qwen3",
+        "--mcp", shlex.join(server_command("time")), "--reply", time_call, "--reply", "<answer>5</answer>",
+        "--episodes", "2", "--out", str(out), "--quiet",
+    ])
+    assert code == 0 and "2 done, 0 failed" in capsys.readouterr().out
+    trajs = list(read_trajectories(out))
+    assert [t.metadata["tool_stats"]["ok"] for t in trajs] == [1, 1]  # the server's tool ran, beside calculate
+    for t in trajs:  # the server's answer is in the observation that follows the call
+        first, end = t.action_spans[0][1], t.action_spans[1][0]
+        assert '"timezone": "UTC"' in qwen3.decode(t.token_ids[first:end].tolist())
+    # Both forms at once are refused; a server that does not start fails the run, naming it.
+    assert main(["rollout", "tokengym/Calculator-v0", "--policy", "scripted", "--tokenizer", "qwen3", "--reply", "x",
+                 "--mcp", "a", "--env-kwarg", 'mcp_servers=["b"]', "--out", str(tmp_path / "y")]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(["rollout", "tokengym/Calculator-v0", "--policy", "scripted", "--tokenizer", "qwen3", "--reply", "x",
+                 "--mcp", "no-such-mcp-server", "--out", str(tmp_path / "z"), "--quiet"]) != 0
+    assert "'no-such-mcp-server' is not on PATH" in capsys.readouterr().err
+
+
+def test_the_docs_example_runs(capsys, monkeypatch):
+    """docs/mcp.md's Python block, as written (``mcp-server-time`` on PATH, as pip would put it)."""
+    import re
+
+    bin_dir = Path(server_command("time")[0]).parent
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "mcp.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
+    exec(compile(block, "docs/mcp.md", "exec"), {})
+    shown = [line.split("#", 1)[1].strip() for line in block.splitlines() if "print(" in line]
+    assert capsys.readouterr().out.splitlines() == shown  # each print shows what its comment says
+
+
+@pytest.mark.ray
+def test_ray_workers_start_their_own_servers_and_stop_them(qwen3, tmp_path, capsys):
+    """``--backend ray``: the env (so its server) is built inside each env worker; the servers'
+    pids come back in the observations, and none is left when the run ends."""
+    import shlex
+
+    from needs import missing
+
+    from tokengym.recorder import read_trajectories
+    from tokengym.recorder.cli import main
+
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        missing("RAY", 'Ray is not installed: pip install "tokengym[ray]"')
+    pid_call = '<tool_call>\n{"name": "pid", "arguments": {}}\n</tool_call>'
+    code = main([
+        "rollout", "tokengym/Calculator-v0", "--policy", "scripted", "--tokenizer", "qwen3", "--backend", "ray",
+        "--mcp", shlex.join(FAULT), "--reply", pid_call, "--reply", "<answer>5</answer>",
+        "--episodes", "3", "--concurrency", "1", "--out", str(tmp_path / "ray"), "--quiet",
+    ])
+    assert code == 0 and "3 done, 0 failed" in capsys.readouterr().out
+    pids = set()
+    for t in read_trajectories(tmp_path / "ray"):
+        first, end = t.action_spans[0][1], t.action_spans[1][0]
+        text = qwen3.decode(t.token_ids[first:end].tolist())
+        pids.add(int(text.split("<tool_response>", 1)[1].split("</tool_response>", 1)[0]))
+        assert t.metadata["tool_stats"]["ok"] == 1
+    assert os.getpid() not in pids and all(gone(p) for p in pids), pids

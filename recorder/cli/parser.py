@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="passed to the env (a value that is not JSON is a string), e.g. max_invalid_calls=5; repeatable",
     )
     r.add_argument(
+        "--mcp", action="append", default=[], metavar="CMD|URL",
+        help='an MCP server whose tools the env gets: a command ("uvx mcp-server-time") or a streamable-HTTP '
+        "URL; repeatable (the env's mcp_servers: any ToolEnv takes them)",
+    )
+    r.add_argument(
         "--policy", choices=["hf", "vllm", "openai", "scripted"], default="hf",
         help="hf: transformers on this machine; vllm: a vLLM engine; openai: an OpenAI-compatible server; "
         "scripted: fixed --reply texts (no model)",
@@ -223,6 +228,7 @@ def find_modules_here() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     find_modules_here()
+    from tokengym.envs.mcp.server import MCPServerError
     from tokengym.recorder.stopping import stop_on_signals
 
     try:
@@ -233,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         print(f"tokengym {args.command}: {err or 'stopped by SIGINT'}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (ValueError, OSError, KeyError) as err:
+    except (ValueError, OSError, KeyError, MCPServerError) as err:  # an MCP server that did not start: its message says why
         print(f"tokengym {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
 

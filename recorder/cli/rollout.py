@@ -86,6 +86,10 @@ def _rollout(args: argparse.Namespace) -> int:
     extra_env_kwargs = key_json_pairs(args.env_kwarg, "--env-kwarg")
     if "tokenizer" in extra_env_kwargs:
         raise ValueError("pass the env's tokenizer with --tokenizer, not --env-kwarg tokenizer=...")
+    if args.mcp:
+        if "mcp_servers" in extra_env_kwargs:
+            raise ValueError("pass MCP servers with --mcp or --env-kwarg mcp_servers=..., not both")
+        extra_env_kwargs["mcp_servers"] = list(args.mcp)
 
     if not (args.tokenizer or args.model):
         raise ValueError("pass --model (and --tokenizer when it differs), or --tokenizer for --policy scripted")

@@ -4,7 +4,9 @@ Written with the SDK's own server (``mcp.server.mcpserver.MCPServer``, FastMCP's
 run as a real stdio (or streamable-HTTP) server process. Its tools: ``echo``, ``pid`` (whose
 process answers), ``count`` (state kept across calls), ``crash`` (the process exits), ``hang``
 (blocks the server's whole event loop, so it answers nothing, pings included), ``fail`` (a tool
-error), ``big`` (a long output), ``pixel`` (an image). ``FAULT`` in its environment makes it fail
+error), ``big`` (a long output), ``pixel`` (an image), ``probe`` (where it runs: its uid, folder and
+host name, whether it can write a path or reach a port), ``note`` (writes a file in its folder and
+lists the folder). ``FAULT`` in its environment makes it fail
 before it serves: ``exit`` (an error on stderr, exit 2), ``silent`` (never answers),
 ``bad_schema`` (lists a tool whose inputSchema is no valid JSON schema).
 
@@ -14,7 +16,9 @@ before it serves: ``exit`` (an error on stderr, exit 2), ``silent`` (never answe
 from __future__ import annotations
 
 import base64
+import json
 import os
+import socket
 import sys
 import time
 
@@ -91,6 +95,37 @@ def pixel() -> list:
     """A one-pixel PNG between two texts."""
     data = base64.b64encode(PIXEL_PNG).decode()
     return [TextContent(type="text", text="here:"), ImageContent(type="image", data=data, mime_type="image/png")]
+
+
+@server.tool()
+def probe(path: str = "", port: int = 0) -> str:
+    """Where the server runs, as JSON: its uid, working folder and host name; whether it can
+    write the file ``path`` and connect to 127.0.0.1:``port``."""
+    seen: dict = {"uid": os.getuid(), "cwd": os.getcwd(), "hostname": socket.gethostname()}
+    if path:
+        try:
+            with open(path, "w") as f:
+                f.write("written from the MCP server")
+            seen["wrote"] = True
+        except OSError as err:
+            seen["wrote"] = False
+            seen["write_error"] = str(err)
+    if port:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            seen["connected"] = True
+        except OSError as err:
+            seen["connected"] = False
+            seen["connect_error"] = str(err)
+    return json.dumps(seen)
+
+
+@server.tool()
+def note(file: str) -> str:
+    """Writes ``file`` in the server's working folder; answers the folder's files."""
+    with open(file, "w") as f:
+        f.write(file)
+    return " ".join(sorted(os.listdir(".")))
 
 
 if __name__ == "__main__":

@@ -443,15 +443,17 @@ def test_rollout_cli_gives_any_tool_env_an_mcp_server(qwen3, tmp_path, capsys):
 
 
 def test_the_docs_example_runs(capsys, monkeypatch):
-    """docs/mcp.md's Python block, as written (``mcp-server-time`` on PATH, as pip would put it)."""
+    """docs/mcp.md's Python blocks, as written (``mcp-server-time`` on PATH, as pip would put it)."""
     import re
 
     bin_dir = Path(server_command("time")[0]).parent
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     doc = (Path(__file__).resolve().parents[1] / "docs" / "mcp.md").read_text(encoding="utf-8")
-    (block,) = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
-    exec(compile(block, "docs/mcp.md", "exec"), {})
-    shown = [line.split("#", 1)[1].strip() for line in block.splitlines() if "print(" in line]
+    blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
+    assert len(blocks) == 2  # the episode, then the sandboxed servers' descriptions
+    for block in blocks:
+        exec(compile(block, "docs/mcp.md", "exec"), {})
+    shown = [line.split("#", 1)[1].strip() for block in blocks for line in block.splitlines() if "print(" in line]
     assert capsys.readouterr().out.splitlines() == shown  # each print shows what its comment says
 
 

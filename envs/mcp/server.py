@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -39,6 +41,10 @@ STDERR_TAIL_CHARS = 2000
 
 _LIVE: weakref.WeakSet[MCPServer] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
+_BY_THREAD: weakref.WeakValueDictionary[int, MCPServer] = weakref.WeakValueDictionary()
+"""Each connection's loop thread -> its connection (the SDK logs a stray stdout line there)."""
+STDOUT_NOISE_LINES = 5
+"""How many of the lines a stdio server wrote to stdout that are not JSON-RPC its errors quote."""
 
 
 class MCPServerError(RuntimeError):
@@ -54,11 +60,16 @@ class ServerSpec:
     env: tuple[tuple[str, str], ...] = ()
     cwd: str | None = None
     start_timeout: float = 60.0
+    sandbox: str | None = None
+    """The sandbox backend the command runs in (``"local"``, ``"docker"``), or None: on the host."""
+    sandbox_options: str = "{}"
+    """The sandbox's constructor arguments, as JSON (so that the spec stays hashable)."""
 
     @property
     def label(self) -> str:
         """The server as a person reads it in an error: its command line or its URL."""
-        return self.url if self.url is not None else " ".join(self.command)
+        where = f" (in a {self.sandbox} sandbox)" if self.sandbox else ""
+        return (self.url if self.url is not None else " ".join(self.command)) + where
 
 
 def _install_sdk_hint() -> str:
@@ -86,6 +97,12 @@ class MCPServer:
         self._lock = threading.Lock()
         self._stderr_path: str | None = None
         self._closed = False
+        self._sandbox: Any = None
+        """The sandbox a sandboxed server runs in: made at the first start, reset (its processes
+        killed, its workspace emptied) at every restart, closed with the connection."""
+        self.stdout_noise: collections.deque[str] = collections.deque(maxlen=STDOUT_NOISE_LINES)
+        """The last lines the server wrote to stdout that are not JSON-RPC (a print, or the error
+        of the command that was to start it, such as ``docker exec``'s)."""
 
     # ----------------------------------------------------------------- state
     @property
@@ -107,7 +124,10 @@ class MCPServer:
 
     def _with_tail(self, message: str) -> str:
         tail = self.stderr_tail()
-        return f"{message}\n--- the server's stderr (last lines) ---\n{tail}" if tail else f"{message} (it wrote nothing to stderr)"
+        told = f"{message}\n--- the server's stderr (last lines) ---\n{tail}" if tail else f"{message} (it wrote nothing to stderr)"
+        if self.stdout_noise:
+            told += "\n--- what it wrote to stdout that is not JSON-RPC ---\n" + "\n".join(self.stdout_noise)
+        return told
 
     # ------------------------------------------------------------- lifetime
     def start(self, *, seen_starts: int | None = None) -> None:
@@ -124,10 +144,14 @@ class MCPServer:
             if self._closed:
                 raise MCPServerError(f"the MCP server connection {self.spec.label!r} was closed")
             self._shutdown_locked()
+            self._fresh_sandbox()
+            self.stdout_noise.clear()
             if self._loop is None or self._thread is None or not self._thread.is_alive():
                 self._loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(target=self._run_loop, args=(self._loop,), name="tokengym-mcp", daemon=True)
                 self._thread.start()
+                if self._thread.ident is not None:
+                    _BY_THREAD[self._thread.ident] = self
             ready: concurrent.futures.Future = concurrent.futures.Future()
             asyncio.run_coroutine_threadsafe(self._hold(ready), self._loop)
             try:
@@ -155,8 +179,11 @@ class MCPServer:
         with self._lock:
             self._closed = True
             self._shutdown_locked()
+            sandbox, self._sandbox = self._sandbox, None
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
+        if sandbox is not None:
+            sandbox.close()
         if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=5.0)
@@ -189,15 +216,48 @@ class MCPServer:
         asyncio.set_event_loop(loop)
         loop.run_forever()
 
-    def _command(self) -> tuple[str, list[str]]:
-        argv = list(self.spec.command)
+    def _fresh_sandbox(self) -> None:
+        """A sandboxed server's sandbox, new or reset (whatever the last server left is gone)."""
+        if self.spec.sandbox is None:
+            return
+        from ..sandbox import SandboxError, make_sandbox
+
+        try:
+            if self._sandbox is None or self._sandbox.closed:
+                options = json.loads(self.spec.sandbox_options)
+                if self.spec.sandbox == "local":
+                    options["ro_binds"] = [*options.get("ro_binds", ()), *_shown_for(self._host_exe())]
+                self._sandbox = make_sandbox(self.spec.sandbox, **options)
+            else:
+                self._sandbox.reset()
+        except SandboxError as err:
+            raise MCPServerError(f"cannot start the MCP server {self.spec.label!r}: its sandbox failed: {err}") from None
+
+    def _host_exe(self) -> str:
+        argv = self.spec.command
         exe = shutil.which(argv[0]) if argv else None
         if exe is None:
             raise MCPServerError(f"cannot start the MCP server {self.spec.label!r}: {argv[0]!r} is not on PATH")
+        return exe
+
+    def _command(self) -> tuple[str, list[str], dict[str, str] | None, str | None]:
+        """The host-side command, its environment and working directory."""
+        argv = list(self.spec.command)
+        env = dict(self.spec.env) or None
+        if self._sandbox is not None:
+            from ..sandbox import SandboxError
+
+            inside = argv if self.spec.sandbox == "docker" else [self._host_exe(), *argv[1:]]  # docker: the image's PATH
+            try:
+                launch = self._sandbox.launch(inside, env=env)
+            except SandboxError as err:
+                raise MCPServerError(f"cannot start the MCP server {self.spec.label!r}: {err}") from None
+            return launch.argv[0], list(launch.argv[1:]), launch.env, launch.cwd
+        exe = self._host_exe()
         setpriv = shutil.which("setpriv")
         if setpriv is not None:  # the server gets SIGKILL when this loop's thread (so this process) dies
-            return setpriv, ["--pdeathsig", "KILL", "--", exe, *argv[1:]]
-        return exe, argv[1:]
+            return setpriv, ["--pdeathsig", "KILL", "--", exe, *argv[1:]], env, self.spec.cwd
+        return exe, argv[1:], env, self.spec.cwd
 
     async def _hold(self, ready: concurrent.futures.Future) -> None:
         """Open the transport and session, hand them to :meth:`start`, keep them until stopped."""
@@ -235,12 +295,12 @@ class MCPServer:
             else:
                 from mcp import StdioServerParameters, stdio_client
 
-                exe, args = self._command()
+                exe, args, env, cwd = self._command()
                 if self._stderr_path is None:
                     fd, self._stderr_path = tempfile.mkstemp(prefix="tokengym-mcp-", suffix=".stderr")
                     os.close(fd)
                 errlog = stack.enter_context(open(self._stderr_path, "a", encoding="utf-8"))  # noqa: SIM115
-                params = StdioServerParameters(command=exe, args=args, env=dict(self.spec.env) or None, cwd=self.spec.cwd)
+                params = StdioServerParameters(command=exe, args=args, env=env, cwd=cwd)
                 streams = await stack.enter_async_context(stdio_client(params, errlog=errlog))
             session = await stack.enter_async_context(client_session(streams[0], streams[1]))
             await session.initialize()
@@ -305,6 +365,28 @@ async def _list_all_tools(session: Any) -> list[Any]:
     raise MCPServerError("the MCP server's tools/list paged more than 1000 times")
 
 
+class _StdoutNoise(logging.Handler):
+    """Keeps the stdout lines a stdio server wrote that are not JSON-RPC, on their connection.
+    The SDK only logs such a line; a server that dies after one (``docker exec`` printing why it
+    cannot start the command, say) would fail with "Connection closed" and nothing to go on."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        server = _BY_THREAD.get(threading.get_ident())
+        err = record.exc_info[1] if record.exc_info else None
+        if server is None or err is None:
+            return
+        line = None
+        errors = getattr(err, "errors", None)
+        if callable(errors):
+            with contextlib.suppress(Exception):
+                line = errors()[0].get("input")
+        if isinstance(line, str) and line.strip():
+            server.stdout_noise.append(line.strip()[:500])
+
+
+logging.getLogger("mcp.client.stdio").addHandler(_StdoutNoise())
+
+
 def _is_connection_lost(err: BaseException) -> bool:
     import anyio
 
@@ -335,6 +417,18 @@ def close_all() -> None:
 
 
 atexit.register(close_all)
+
+
+def _shown_for(exe: str) -> list[str]:
+    """What a local sandbox must show (read-only) for a host executable to run: its virtualenv
+    when it is a venv's script (the venv's interpreter and packages), else its directory."""
+    real = os.path.realpath(exe)
+    for path in (exe, real):
+        venv = os.path.dirname(os.path.dirname(path))
+        if os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
+            prefix = os.path.dirname(os.path.dirname(os.path.realpath(os.path.join(venv, "bin", "python"))))
+            return [venv, prefix]  # the venv's interpreter lives under its prefix (/usr is shown anyway)
+    return [os.path.dirname(real)]
 
 
 def command_of(value: str | Sequence[str]) -> tuple[str, ...]:

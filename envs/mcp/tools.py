@@ -57,6 +57,14 @@ class MCPTools:
             construction fails, quoting its stderr.
         ping_timeout: after a call timed out, the next episode first pings the server; one that
             does not answer within this is restarted.
+        sandbox: run the command inside a sandbox, for a server you do not trust: ``"local"``
+            (bubblewrap: no network, a read-only system, an empty workspace as its home; the
+            command's own virtualenv or directory is shown read-only), ``"docker"`` (``docker exec``
+            in a fresh container: the server must be in the image) or a dict
+            ``{"backend": "docker", "image": ..., "memory_mb": ...}`` of the sandbox's arguments
+            (:func:`~tokengym.envs.sandbox.make_sandbox`). The sandbox's limits hold for the server's
+            whole life, so ``cpu_s`` defaults to 3600 here and ``memory_mb`` to 1024. A restart
+            resets the sandbox: what the server wrote is gone, as after ``scope="episode"``.
 
     A server that stops (or is found hung) mid-episode answers every later call of the episode
     with an error message, and is restarted when the next episode begins; the episode's
@@ -74,6 +82,7 @@ class MCPTools:
     timeout: float | None = None
     start_timeout: float = 60.0
     ping_timeout: float = 5.0
+    sandbox: str | Mapping[str, Any] | None = None
     _spec: ServerSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -90,7 +99,8 @@ class MCPTools:
             raise ValueError("env= and cwd= start a stdio server; a url= server is started by someone else")
         command = command_of(self.command) if self.command is not None else ()
         env = tuple(sorted((str(k), str(v)) for k, v in (self.env or {}).items()))
-        spec = ServerSpec(command, self.url, env, self.cwd, float(self.start_timeout))
+        backend, options = _sandbox_of(self.sandbox, url=self.url, cwd=self.cwd)
+        spec = ServerSpec(command, self.url, env, self.cwd, float(self.start_timeout), backend, options)
         object.__setattr__(self, "_spec", spec)
 
     @classmethod
@@ -120,6 +130,31 @@ class MCPTools:
             opened.close()
             raise
         return opened
+
+
+SERVER_LIMITS = {"cpu_s": 3600, "memory_mb": 1024}
+"""A sandboxed server's limits unless given: its CPU seconds count for its whole life."""
+
+
+def _sandbox_of(value: str | Mapping[str, Any] | None, *, url: str | None, cwd: str | None) -> tuple[str | None, str]:
+    """The backend and the JSON of the constructor arguments of ``MCPTools(sandbox=...)``."""
+    if value is None:
+        return None, "{}"
+    options = {"backend": value} if isinstance(value, str) else dict(value) if isinstance(value, Mapping) else None
+    if options is None:
+        raise TypeError(f'sandbox= is "local", "docker" or a dict of sandbox arguments with a "backend"; got {value!r}')
+    backend = options.pop("backend", "local")
+    if backend not in ("local", "docker"):
+        raise ValueError(f'sandbox backend must be "local" or "docker", got {backend!r}')
+    if url is not None:
+        raise ValueError("sandbox= runs a stdio server's command; a url= server runs wherever someone started it")
+    if cwd is not None:
+        raise ValueError("a sandboxed server runs in its sandbox's workspace: leave cwd= out")
+    options = {**SERVER_LIMITS, **options}
+    try:
+        return backend, json.dumps(options, sort_keys=True)
+    except TypeError:
+        raise TypeError(f"sandbox arguments must be JSON values (they travel with the env's kwargs), got {options!r}") from None
 
 
 # ------------------------------------------------------------------ results

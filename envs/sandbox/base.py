@@ -18,7 +18,17 @@ from dataclasses import dataclass, field, fields, replace
 from types import TracebackType
 from typing import Literal
 
-__all__ = ["ExecResult", "Isolation", "Limits", "Sandbox", "SandboxError", "Status", "process_start_time", "resolve_limits"]
+__all__ = [
+    "ExecResult",
+    "Isolation",
+    "Launch",
+    "Limits",
+    "Sandbox",
+    "SandboxError",
+    "Status",
+    "process_start_time",
+    "resolve_limits",
+]
 
 Status = Literal["ok", "error", "timeout", "killed", "oom", "crashed"]
 """``ok``: exit code 0. ``error``: a non-zero exit. ``timeout``: killed at the wall-clock limit.
@@ -197,6 +207,18 @@ class ExecResult:
         return self.status == "ok"
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How to start a long-lived process inside a sandbox from the host: the host-side command,
+    its environment and working directory. The process's stdin, stdout and stderr are whatever
+    the caller gives that command (an MCP server's stdio, say); it runs under the sandbox's
+    isolation and limits, and :meth:`Sandbox.reset` or :meth:`Sandbox.close` kills it."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str | None = None
+
+
 class Sandbox(abc.ABC):
     """A workspace where untrusted commands run. Use as a context manager; ``close`` is idempotent.
 
@@ -237,6 +259,12 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     def closed(self) -> bool:
         """True once :meth:`close` ran; a closed sandbox refuses every call (:class:`SandboxError`)."""
+
+    def launch(self, argv: list[str], *, env: Mapping[str, str] | None = None) -> Launch:
+        """How to start ``argv`` inside the sandbox as a long-lived process whose stdio is the
+        caller's (a server, not a command run to its end: no wall-clock limit, the other limits
+        hold; ``cpu_s`` counts its whole life). ``env`` is set inside, on top of the sandbox's."""
+        raise SandboxError(f"{type(self).__name__} cannot start a long-lived process")
 
     def __enter__(self) -> Sandbox:
         return self

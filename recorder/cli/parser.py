@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         "URL; repeatable (the env's mcp_servers: any ToolEnv takes them)",
     )
     r.add_argument(
+        "--mcp-sandbox", choices=["local", "docker"], default=None,
+        help="run every --mcp command inside a sandbox, for servers you do not trust: local (bubblewrap: no "
+        "network, a read-only system, its own workspace) or docker (docker exec in a fresh container of the "
+        "sandbox image, which must hold the server); default: on this machine",
+    )
+    r.add_argument(
         "--policy", choices=["hf", "vllm", "openai", "scripted"], default="hf",
         help="hf: transformers on this machine; vllm: a vLLM engine; openai: an OpenAI-compatible server; "
         "scripted: fixed --reply texts (no model)",

@@ -89,7 +89,9 @@ def _rollout(args: argparse.Namespace) -> int:
     if args.mcp:
         if "mcp_servers" in extra_env_kwargs:
             raise ValueError("pass MCP servers with --mcp or --env-kwarg mcp_servers=..., not both")
-        extra_env_kwargs["mcp_servers"] = list(args.mcp)
+        extra_env_kwargs["mcp_servers"] = [mcp_server_arg(m, args.mcp_sandbox) for m in args.mcp]
+    elif args.mcp_sandbox:
+        raise ValueError("--mcp-sandbox sandboxes the --mcp servers: name one with --mcp")
 
     if not (args.tokenizer or args.model):
         raise ValueError("pass --model (and --tokenizer when it differs), or --tokenizer for --policy scripted")
@@ -224,6 +226,15 @@ ROLLOUT_EXIT_CODES = f"""exit status:
 --out on an existing store continues the same run: the episodes already stored are skipped
 (episode i always resets with seed SEED + i, or SEED + i // G with --group-size G); --append adds EPISODES new episodes with new seeds.
 Other env or sampling settings than the store's are refused, naming the difference."""
+
+
+def mcp_server_arg(value: str, sandbox: str | None) -> str | dict[str, str]:
+    """One ``--mcp`` value as the env's ``mcp_servers`` entry, inside ``--mcp-sandbox`` if given."""
+    if sandbox is None:
+        return value
+    if value.startswith(("http://", "https://")):
+        raise ValueError(f"--mcp-sandbox runs a server's command; {value} is a URL (a server someone else started)")
+    return {"command": value, "sandbox": sandbox}
 
 
 def stored_episode_ids(directory: Path) -> set[int]:

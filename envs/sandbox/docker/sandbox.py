@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
 import weakref
@@ -12,6 +14,7 @@ from ..base import (
     DISK_FULL_HINTS,
     OOM_HINTS,
     ExecResult,
+    Launch,
     Limits,
     Sandbox,
     SandboxError,
@@ -23,7 +26,7 @@ from ..base import (
     workspace_parts,
 )
 from .framing import READ, WIPE, WRITE, exec_in_container, ExecFailed, Raw
-from .spec import WORKSPACE, Container, remove_container, Spec
+from .spec import SANDBOX_USER, WORKSPACE, Container, remove_container, Spec
 
 if TYPE_CHECKING:
     from .pool import DockerPool
@@ -288,6 +291,29 @@ class DockerSandbox(Sandbox):
             return self._call(["python3", "-c", code], timeout_s=timeout_s, stdin=None)[0]
         # argv has a per-argument limit (128 KiB): a long program comes in on stdin.
         return self._call(["python3", "-"], timeout_s=timeout_s, stdin=data)[0]
+
+    def launch(self, argv: list[str], *, env: Mapping[str, str] | None = None) -> Launch:
+        """``docker exec -i`` of ``argv`` in the container, as the sandbox user in the workspace:
+        the container's limits, network and file system hold for it, :meth:`reset` and
+        :meth:`close` kill it. Needs the docker CLI on the host; the variables of ``env`` reach
+        the container through the CLI's environment (``-e NAME``), never through its argv."""
+        self._check_open()
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise SandboxError("argv must be a non-empty list of strings")
+        cli = shutil.which("docker")
+        if cli is None:
+            raise SandboxError(
+                "a process in a Docker sandbox is started with the docker CLI (docker exec -i), which is not on PATH: "
+                "install it (apt-get install docker.io, or docker-ce-cli)"
+            )
+        inside = {**self._spec.env, **(env or {})}
+        host = {k: os.environ[k] for k in ("PATH", "HOME", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY") if k in os.environ}
+        full = [cli] + (["-H", self._spec.docker_host] if self._spec.docker_host else [])
+        full += ["exec", "-i", "-u", SANDBOX_USER, "-w", WORKSPACE]
+        for name in inside:
+            full += ["-e", name]
+        full += [self._container.id, *argv]
+        return Launch(tuple(full), {**host, **inside}, None)
 
     # --- files -------------------------------------------------------------------------------------
 

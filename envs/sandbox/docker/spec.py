@@ -83,6 +83,8 @@ class Spec:
         self.env = {**ENV, **(env or {})}
         self.labels = dict(labels or {})
         self.client = client or docker_client(docker_host)
+        self.docker_host = docker_host or os.environ.get("DOCKER_HOST")
+        """The engine as the docker CLI names it (None: its default socket)."""
         self._checked_image = False
 
     def check_image(self) -> None:

@@ -90,9 +90,6 @@ def bwrap_argv(
     if not any(is_under(prefix, s) for s in shown):
         a += ["--ro-bind", prefix, prefix]
         shown.append(prefix)
-    for p in ro_binds:
-        if os.path.exists(p) and not any(is_under(p, s) for s in shown):
-            a += ["--ro-bind", p, p]
     a += [
         "--proc", "/proc",
         "--dev", "/dev",
@@ -100,6 +97,11 @@ def bwrap_argv(
         "--bind", work_dir, WORKDIR_INSIDE,
         "--bind", tmp_dir, "/tmp",
         "--ro-bind", run_dir, RUNDIR_INSIDE,
+    ]  # fmt: skip
+    for p in ro_binds:  # after /tmp: a host path under /tmp stays visible over the sandbox's own /tmp
+        if os.path.exists(p) and not any(is_under(p, s) for s in shown):
+            a += ["--ro-bind", p, p]
+    a += [
         "--remount-ro", "/dev",
         "--remount-ro", "/",  # bwrap's own root (a tmpfs in memory): nothing may be written there
         "--chdir", WORKDIR_INSIDE,

@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from ..base import ExecResult, Isolation, Limits, Sandbox, SandboxError, resolve_limits
+from ..base import ExecResult, Isolation, Launch, Limits, Sandbox, SandboxError, resolve_limits
 from .bwrap import BwrapStatus, bwrap_argv, bwrap_version, find_bwrap
 from .cgroups import Cgroup, cgroup_support
 from .execute import Call, Runner
@@ -474,6 +474,37 @@ class LocalSandbox(Runner, WorkspaceFiles, Sandbox):
                 os.unlink(host)
             except OSError:
                 pass
+
+    def launch(self, argv: list[str], *, env: Mapping[str, str] | None = None) -> Launch:
+        """The host command that runs ``argv`` as :meth:`run` would (bubblewrap, the cgroup, the
+        rlimits, the sandbox's uid) but for as long as it lives, with the caller's stdio. A host
+        path in ``argv`` must be visible inside: under ``/usr``, the interpreter's prefix or
+        ``ro_binds``. Its processes are the sandbox's: :meth:`reset` and :meth:`close` kill them."""
+        self._check_open()
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise SandboxError("argv must be a non-empty list of strings")
+        for path in (argv[0], *self._ro_binds) if os.path.isabs(argv[0]) else self._ro_binds:
+            if not accessible(path, self.uid, self.gid, need=os.R_OK | os.X_OK):
+                raise SandboxError(
+                    f"the sandbox's uid {self.uid} cannot reach {path}: a folder above it is closed to other users "
+                    "(as /root is); install what it runs where any user can read it (/opt, /usr/local, /tmp) with an "
+                    "interpreter any user can run (/usr/bin/python3)"
+                )
+        marker = f"{self._token}-{next(_COUNTER)}"
+        full = self._limited(list(argv))
+        if self._use_bwrap:
+            full = self._bwrap_argv() + full
+        if self._cgroup is not None:
+            full = self._cgroup.join_argv(full)
+        if self._root_host:  # run() drops to the sandbox's uid in Popen; a launched command does it with setpriv
+            setpriv = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+            if setpriv is None:
+                raise SandboxError("starting a process in the sandbox as its uid needs setpriv (util-linux): apt-get install util-linux")
+            full = [setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--", *full]
+        inside = self._env(marker)
+        inside.update({"LOGNAME": "sandbox", "SHELL": "/bin/sh"})
+        inside.update(env or {})
+        return Launch(tuple(full), inside, self.root if self._use_bwrap else self._work)
 
     def _exec_bwrap_probe(self, argv: list[str]) -> ExecResult:
         self._use_bwrap = True

@@ -435,3 +435,31 @@ def test_timed_out_tool_calls_still_running_in_the_workers_are_counted(backend, 
     assert traj.metadata["tool_stats"]["timeout"] == 1
     assert result.stats.abandoned_tool_threads == 1
     assert "1 timed-out tool calls still running" in summary_table(result.stats)
+
+
+class HangingStep(SlowCalculator):
+    """SlowCalculator whose step blocks for good (as on a dead socket) in the episode reset with seed 1."""
+
+    def step(self, action):
+        if self._seed == 1:
+            time.sleep(120)
+        return super().step(action)
+
+
+@ray_test
+def test_a_hung_step_in_an_env_worker_fails_its_episode_and_the_run_goes_on(backend, qwen25):
+    """The step deadline holds inside the env workers: the hung episode fails by name, the worker
+    sets the stuck env copy aside and a fresh copy runs the episodes after it."""
+    from tokengym.recorder import Deadlines
+
+    start = time.monotonic()
+    result = rollout(functools.partial(HangingStep, qwen25, {}), POLICY, episodes=6, concurrency=2, seed=0,
+                     progress=False, backend=backend, deadlines=Deadlines(step_s=1.0))
+    s = result.stats
+    assert (s.episodes, s.failed, s.not_run) == (5, 1, 0) and not s.interrupted, s.errors
+    (error,) = s.errors
+    assert (error.episode, error.type) == (1, "EpisodeTimeout")
+    assert "did not return within 1 s (Deadlines.step_s)" in error.message
+    assert s.stuck_envs == 1
+    assert time.monotonic() - start < 60  # not the 120 s the step hangs
+    assert "1 env copies left inside a step" in summary_table(s)

@@ -219,12 +219,6 @@ def test_a_hung_reset_fails_its_episode_by_name_and_the_run_goes_on(qwen25):
     assert s.stuck_envs == 1 and wall < 5.0, wall
 
 
-def test_deadlines_are_refused_with_the_ray_backend(qwen25):
-    with pytest.raises(ValueError, match="deadlines= is for the local backend"):
-        rollout(lambda: CalculatorEnv(qwen25), answer_policy(qwen25), episodes=1, backend="ray",
-                deadlines=Deadlines(step_s=1))
-
-
 class NeverAnswers:
     """An async engine that never answers the requests whose context holds ``hang``'s tokens."""
 

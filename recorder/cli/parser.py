@@ -155,9 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold")
     r.add_argument("--max-tokens", type=int, default=256, help="the policy's token budget per turn")
     r.add_argument("--step-timeout", type=float, default=600.0, metavar="S",
-                   help="with --backend local: an env step that takes longer fails its episode (0: no limit)")
+                   help="an env step or reset that takes longer fails its episode (0: no limit)")
     r.add_argument("--turn-timeout", type=float, default=3600.0, metavar="S",
-                   help="with --backend local: a policy turn (queue included) that takes longer fails its episode (0: no limit)")
+                   help="a policy turn (queue included) that takes longer fails its episode (0: no limit)")
     r.add_argument("--max-turns", type=int, default=None,
                    help="assistant turns before an episode is truncated (default: the env's own)")
     r.add_argument("--out", default="tokengym-runs/rollout", help="folder of the Parquet store (an existing one is continued)")

@@ -112,8 +112,6 @@ def _rollout(args: argparse.Namespace) -> int:
         if not (value >= 0 and value != float("inf")):
             raise ValueError(f"{flag} must be a number of seconds >= 0 (0: no limit), got {value}")
     deadlines = Deadlines(step_s=args.step_timeout or None, generate_s=args.turn_timeout or None)
-    if args.backend == "ray" and deadlines != Deadlines():
-        raise ValueError("--step-timeout and --turn-timeout are for --backend local")
     if args.backend == "ray" and args.schedule == "lockstep":
         raise ValueError("--schedule lockstep is for --backend local: Ray runs every episode at its own pace")
     say = _quiet_print if args.quiet else _print
@@ -179,7 +177,7 @@ def _rollout(args: argparse.Namespace) -> int:
                     make_env, policy, episodes=ids, concurrency=args.concurrency, sampling=sampling,
                     seed=args.seed, on_episode=writer.write, progress=not args.quiet,
                     backend=backend, schedule=args.schedule, group_size=args.group_size, tasks=tasks,
-                    deadlines=deadlines if backend == "local" else None,
+                    deadlines=deadlines,
                 )
             finally:
                 # Built here, closed here: the HF policy's decode thread is stopped and joined (a daemon

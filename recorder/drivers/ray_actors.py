@@ -4,12 +4,20 @@ Separate from the driver (:mod:`tokengym.recorder.drivers.ray_backend`) because 
 its own actor process, where it only knows its slots or its policy: the worker plays episodes
 with the shared runner (:func:`~tokengym.recorder.drivers.runner.play`) and returns whole
 trajectories; the engine batches the requests that arrive while it is busy.
+
+A worker holds its episodes to the run's :class:`~tokengym.recorder.drivers.step_pool.Deadlines`
+as the local driver does: resets and steps run on daemon threads, a policy turn is awaited, not
+blocked on, so a hung step or a request never answered fails its episode by name and the actor
+thread comes back. The env copy a hung step still holds is set aside and a fresh copy takes its
+slot (the driver counts it: ``stuck_envs``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +29,7 @@ from tokengym.policies.batching import RequestBatcher
 from ..wrapper import RecordEpisodes
 from .episodes import EpisodeError, EpisodeSlot, EpisodeTask, PolicyFactory, build_policy, env_factory
 from .runner import EngineLost, play
+from .step_pool import Deadlines, StepThreads
 
 __all__ = ["EnvWorker", "PolicyEngine", "root_cause", "short_error"]
 
@@ -53,8 +62,11 @@ class EnvWorker:
         if isinstance(make_env, EnvRef) and isinstance(make_env.kwargs.get("tokenizer"), (str, os.PathLike)):
             # Load a named tokenizer once for all of this worker's env copies (as the CLI does locally).
             make_env = make_env.with_kwargs(tokenizer=load_tokenizer(make_env.kwargs["tokenizer"]))
-        factory = env_factory(make_env, env_kwargs)
-        self._envs = [RecordEpisodes(factory(), keep=False) for _ in range(slots)]
+        self._factory = env_factory(make_env, env_kwargs)
+        self._envs = [RecordEpisodes(self._factory(), keep=False) for _ in range(slots)]
+        self._stuck: list[RecordEpisodes] = []  # copies a hung step or reset still holds
+        self._lock = threading.Lock()
+        self._steps = StepThreads(slots)
         self._free: queue.SimpleQueue[RecordEpisodes] = queue.SimpleQueue()
         for env in self._envs:
             self._free.put(env)
@@ -65,38 +77,72 @@ class EnvWorker:
 
         return ray.get_runtime_context().get_node_id()
 
-    def run_episode(self, task: EpisodeTask, engine: Any, config: tuple[SamplingParams, int, dict[str, Any]]) -> dict[str, Any]:
+    def run_episode(
+        self, task: EpisodeTask, engine: Any, config: tuple[SamplingParams, int, dict[str, Any], Deadlines]
+    ) -> dict[str, Any]:
         """One whole episode against ``engine``: ``{"episode", "trajectories"}`` (its rows) or ``{"episode", "error"}``.
 
-        ``config`` is the run's ``(base sampling, seed, sampling record)``. The turn loop is the
-        local driver's (:func:`tokengym.recorder.drivers.runner.play`), on this thread's own event loop.
+        ``config`` is the run's ``(base sampling, seed, sampling record, deadlines)``. The turn loop
+        is the local driver's (:func:`tokengym.recorder.drivers.runner.play`), on this thread's own
+        event loop, with the env's reset and steps on this worker's step threads.
         """
-        import asyncio
-
         from tokengym.envs import abandoned_threads
 
-        base, _, record = config
+        base, _, record, deadlines = config
         episode = task.episode
         env = self._free.get()  # the driver never sends more episodes than slots
+        slot = EpisodeSlot(env)
         try:
             env.sampling = record
             generate = _engine_generate(engine)
             try:
-                outcome = asyncio.run(play(EpisodeSlot(env), task, base, generate))
+                step, begin = _on_threads(self._steps)
+                outcome = asyncio.run(play(slot, task, base, generate, step, deadlines, begin))
             except EngineLost as err:
                 return {"episode": episode, "engine_died": str(err)}
             # This process's timed-out tool calls still running: the run's summary adds up the workers'.
             threads = abandoned_threads()
-            if isinstance(outcome, EpisodeError):
-                return {"episode": episode, "error": outcome, "tool_threads": threads}
-            return {"episode": episode, "trajectories": outcome, "tool_threads": threads}
+            out: dict[str, Any] = {"episode": episode, "tool_threads": threads, "stuck": slot.retired}
+            out["error" if isinstance(outcome, EpisodeError) else "trajectories"] = outcome
+            return out
         finally:
-            self._free.put(env)
+            self._free.put(self._replace(env) if slot.retired else env)
+
+    def _replace(self, stuck: RecordEpisodes) -> RecordEpisodes:
+        """A fresh env copy in the place of one a hung step still holds (closed with the worker)."""
+        with self._lock:
+            self._stuck.append(stuck)
+            self._steps.grow()  # the hung thread keeps its place: the slot gets a thread of its own
+        fresh = RecordEpisodes(self._factory(), keep=False)
+        with self._lock:
+            self._envs.append(fresh)
+        return fresh
 
     def close(self) -> None:
-        """Close every env (and so its tools' and sandboxes' resources)."""
-        for env in self._envs:
-            env.close()
+        """Close every env (and so its tools' and sandboxes' resources), the stuck copies last."""
+        with self._lock:
+            stuck = {id(e) for e in self._stuck}
+            envs = sorted(self._envs, key=lambda e: id(e) in stuck) + self._stuck
+        for env in envs:
+            try:
+                env.close()
+            except Exception:
+                if id(env) not in stuck:
+                    raise
+        self._steps.shutdown(wait=False, cancel_futures=True)
+
+
+def _on_threads(steps: StepThreads) -> tuple[Any, Any]:
+    """The runner's ``step`` and ``begin`` on ``steps`` (module functions: an actor class with a
+    coroutine method would be made an async actor by Ray, and its episodes' own loops refused)."""
+
+    async def step(slot: EpisodeSlot, gen: Generation) -> Any:
+        return await asyncio.wrap_future(steps.submit(slot.step, gen))
+
+    async def begin(slot: EpisodeSlot, task: EpisodeTask) -> None:
+        await asyncio.wrap_future(steps.submit(slot.begin, task))
+
+    return step, begin
 
 
 def _engine_generate(engine: Any) -> Any:
@@ -105,7 +151,8 @@ def _engine_generate(engine: Any) -> Any:
 
     async def generate(context: list[int], params: SamplingParams) -> Generation:
         try:
-            return ray.get(engine.generate.remote(context, params))  # this thread's loop runs only this episode
+            # awaited, not ray.get: the turn's deadline can end the wait
+            return await asyncio.wrap_future(engine.generate.remote(context, params).future())
         except ray.exceptions.RayTaskError as err:  # the policy refused this request
             raise root_cause(err) from None
         except ray.exceptions.RayError as err:  # the engine actor is gone (Ray retries while it restarts)

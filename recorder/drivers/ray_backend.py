@@ -61,6 +61,7 @@ from .episodes import (
     sampling_record,
 )
 from .ray_actors import EnvWorker, PolicyEngine, root_cause, short_error
+from .step_pool import Deadlines
 from ..stopping import stop_on_signals
 from ..trajectory import Trajectory
 
@@ -217,9 +218,11 @@ class RayBackend:
         progress: bool = True,
         group_size: int = 1,
         tasks: Sequence[dict[str, Any]] | None = None,
+        deadlines: Deadlines | None = None,
     ) -> RolloutResult:
-        """As :func:`~tokengym.recorder.rollout`: the same episodes, seeds, groups and result layout;
-        SIGTERM stops it like Ctrl-C (finished episodes kept, unfinished ones dropped whole)."""
+        """As :func:`~tokengym.recorder.rollout`: the same episodes, seeds, groups, deadlines and
+        result layout; SIGTERM stops it like Ctrl-C (finished episodes kept, unfinished ones
+        dropped whole)."""
         ids = episode_ids(episodes)
         planned = {t.episode: t for t in plan_tasks(ids, seed, sampling, group_size=group_size, tasks=tasks)}
         if concurrency < 1:
@@ -237,7 +240,8 @@ class RayBackend:
         try:
             t0 = time.perf_counter()
             self._ensure_engines(policy)
-            config = (base, seed, sampling_record(base, self._engine_info["name"], self._engine_info["logprob_kind"], seed))
+            record = sampling_record(base, self._engine_info["name"], self._engine_info["logprob_kind"], seed)
+            config = (base, seed, record, Deadlines() if deadlines is None else deadlines)
             capacity, per_engine = self._ensure_workers(make_env, env_kwargs, min(concurrency, len(ids)))
             startup = time.perf_counter() - t0
             run = _Run(self, self._ray, capacity, per_engine, config, planned, on_episode, progress)
@@ -425,7 +429,7 @@ class _Run:
         ray: Any,
         capacity: int,
         per_engine: int,
-        config: tuple[SamplingParams, int, dict[str, Any]],
+        config: tuple[SamplingParams, int, dict[str, Any], Deadlines],
         planned: dict[int, EpisodeTask],
         on_episode: Callable[[Trajectory], None] | None,
         progress: bool,
@@ -523,6 +527,8 @@ class _Run:
             return
         if "tool_threads" in out:
             self.tool_threads[worker] = out["tool_threads"]
+        if out.get("stuck"):  # the worker set the env copy aside and made a fresh one
+            stats.stuck_envs += 1
         if "trajectories" in out:
             stats.per_node[self.fleet.nodes[worker]] += 1
             record_finished(stats, out["trajectories"], self.done, self.on_episode, self.bar)

@@ -119,10 +119,11 @@ def rollout(
             turn as soon as its env step is done, and the policy batches what is in flight) or
             ``"lockstep"`` (rounds: every live episode generates in one batch, then every env
             steps; kept for comparison). Both give the same trajectories for the same seeds.
-        deadlines: with the local backend, how long one env step and one policy turn may take
+        deadlines: how long one env step (or reset) and one policy turn may take
             (:class:`~tokengym.recorder.drivers.step_pool.Deadlines`; default 600 s and 3600 s): an
             episode past one fails with ``EpisodeTimeout`` and the run goes on; an env copy whose
-            step hung takes no more episodes (``stats.stuck_envs``).
+            step hung takes no more episodes (``stats.stuck_envs``; a Ray env worker makes a fresh
+            copy in its place).
 
     Ctrl-C and SIGTERM stop the run cleanly (in the main thread): every finished episode is
     returned (and was passed to ``on_episode``); the unfinished ones are dropped whole, never
@@ -154,11 +155,10 @@ def rollout(
     if not isinstance(backend, str):
         if schedule != "async":
             raise ValueError("the Ray backend runs every episode at its own pace: schedule='lockstep' is local only")
-        if deadlines is not None:
-            raise ValueError("deadlines= is for the local backend (a Ray run bounds its episodes by its workers' lives)")
         return backend.run(
             make_env, policy, episodes=ids, concurrency=concurrency, sampling=base, seed=seed,
             env_kwargs=env_kwargs, on_episode=on_episode, progress=progress, group_size=group_size, tasks=tasks,
+            deadlines=deadlines,
         )
     if schedule not in ("async", "lockstep"):
         raise ValueError(f'unknown schedule {schedule!r}: use "async" (the default) or "lockstep"')

@@ -66,6 +66,11 @@ class StepThreads(concurrent.futures.Executor):
         self._lock = threading.Lock()
         self._closed = False
 
+    def grow(self, n: int = 1) -> None:
+        """Allow ``n`` more threads: one for each thread a hung call holds for good."""
+        with self._lock:
+            self._size += n
+
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:

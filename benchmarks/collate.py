@@ -27,6 +27,8 @@ The pad id is the real Qwen3 tokenizer's (``load_tokenizer("qwen3").pad_token_id
 * ``to_verl (pad id N)``: ``to_verl(trajs, pad_token_id=N)`` with the real pad id, and
   ``to_verl (pad id 0)`` beside it. Pad id 0 is the cheap case: its id buffers are
   allocated zeroed and only the real tokens are written.
+* ``to_packed`` and ``to_packed (reused buffers)``: the packed layout (no padding), fresh and
+  into the same :class:`~tokengym.recorder.BatchBuffers` (checked equal to a fresh batch).
 * ``memcpy (fresh destination)``: ``np.copy`` of a touched buffer of the batch's total
   byte size: new memory, as for any function that returns new tensors.
 * ``memcpy (into preallocated)``: ``np.copyto`` into an already touched destination: pure
@@ -140,7 +142,7 @@ import torch
 
 from tokengym.envs import load_tokenizer
 from tokengym.envs.tokenizers import fetch_tokenizer
-from tokengym.recorder import BatchBuffers, Segment, SegmentKind, Trajectory, to_verl
+from tokengym.recorder import BatchBuffers, Segment, SegmentKind, Trajectory, to_packed, to_verl
 from tokengym.recorder.store import TrajectoryWriter, read_table, read_trajectories, shard_paths
 
 QWEN3_VOCAB = 151_643  # ids below the first added token of Qwen3
@@ -285,11 +287,18 @@ def bench_collate(trajs: list[Trajectory], repeats: int, pad_token_id: int) -> d
         if not torch.equal(reused[k], check[k]):
             fail(f"to_verl into reused buffers: {k} differs from a fresh batch")
     del reused, check
+    packed, packed_check = vars(to_packed(trajs, out=buffers)), vars(to_packed(trajs))
+    for k, v in packed.items():
+        if isinstance(v, torch.Tensor) and not torch.equal(v, packed_check[k]):
+            fail(f"to_packed into reused buffers: {k} differs from a fresh batch")
+    del packed, packed_check
     methods: dict[str, tuple[Callable[[], Any], Callable[[], None] | None]] = {
         f"to_verl (pad id {pad_token_id})": (lambda: to_verl(trajs, pad_token_id=pad_token_id), fresh),
         f"to_verl (pad id {pad_token_id}, reused buffers)": (
             lambda: to_verl(trajs, pad_token_id=pad_token_id, out=buffers), fresh),
         "to_verl (pad id 0)": (lambda: to_verl(trajs, pad_token_id=0), fresh),
+        "to_packed": (lambda: to_packed(trajs), fresh),
+        "to_packed (reused buffers)": (lambda: to_packed(trajs, out=buffers), fresh),
         "memcpy (fresh destination)": (lambda: np.copy(src), None),
         "memcpy (into preallocated)": (lambda: np.copyto(dst, src), None),
     }

@@ -212,7 +212,7 @@ class BatchBuffers:
     at 1,024 trajectories of 4 M tokens that was 1.69 s of a 1.81 s call, while the same call
     into memory already touched takes a tenth of that. A trainer builds one batch per step, so
     it can hand the same buffers to every call: ``buffers = BatchBuffers()`` once, then
-    ``to_verl(trajs, out=buffers)`` each step.
+    ``to_verl(trajs, out=buffers)`` (or ``to_packed(trajs, out=buffers)``) each step.
 
     The batch's tensors are views of these buffers: the next call with the same ``out`` writes
     over them. Keep a batch past the next call only as a copy (``tensor.clone()``). A buffer
@@ -223,14 +223,16 @@ class BatchBuffers:
     def __init__(self) -> None:
         self._flat: dict[str, np.ndarray] = {}
 
-    def take(self, name: str, shape: tuple[int, ...], dtype: Any, fill: int | float) -> np.ndarray:
-        """The buffer ``name`` as a contiguous array of ``shape``, every element set to ``fill``."""
+    def take(self, name: str, shape: tuple[int, ...], dtype: Any, fill: int | float | None) -> np.ndarray:
+        """The buffer ``name`` as a contiguous array of ``shape``, every element set to ``fill``
+        (``None``: left as the last call wrote it, for a caller that writes every element)."""
         n = int(np.prod(shape))
         buf = self._flat.get(name)
         if buf is None or buf.size < n or buf.dtype != np.dtype(dtype):
             buf = self._flat[name] = np.empty(n, dtype=dtype)
         out = buf[:n].reshape(shape)
-        out.fill(fill)
+        if fill is not None:
+            out.fill(fill)
         return out
 
     @property
@@ -494,13 +496,19 @@ class PackedBatch:
 
 
 def to_packed(
-    trajs: Sequence[Trajectory], *, advantages: Sequence[float] | np.ndarray | None = None
+    trajs: Sequence[Trajectory],
+    *,
+    advantages: Sequence[float] | np.ndarray | None = None,
+    out: BatchBuffers | None = None,
 ) -> PackedBatch:
     """Concatenate whole trajectories (prompt included) into one row of T tokens.
 
     Args:
         trajs: the episodes.
         advantages: one value per trajectory, broadcast to its action tokens.
+        out: buffers to write the batch into, reused across calls (:class:`BatchBuffers`, as for
+            :func:`to_verl`): the tensors are views of them, equal to a fresh batch's, and the
+            next call with the same ``out`` writes over them.
     """
     import torch
 
@@ -510,19 +518,47 @@ def to_packed(
     adv = _per_traj_advantages(advantages, len(trajs))
     lens = np.array([len(t) for t in trajs], dtype=np.int64)
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    mask = np.concatenate([t.mask for t in trajs]).astype(np.int64)
-    seq_index = np.repeat(np.arange(len(trajs), dtype=np.int64), lens)
-    position_ids = np.arange(int(cu[-1]), dtype=np.int64) - cu[:-1].astype(np.int64)[seq_index]
+    total, longest = int(cu[-1]), int(lens.max())
+    if out is None:
+        ids = np.empty(total, dtype=np.int64)
+        position_ids = np.empty(total, dtype=np.int64)
+        mask = np.empty(total, dtype=np.int64)
+        logprobs = np.empty(total, dtype=np.float32)
+        rewards = np.empty(total, dtype=np.float32)
+        seq_index = np.empty(total, dtype=np.int64)
+        advantage = None if adv is None else np.empty(total, dtype=np.float32)
+    else:  # every element is written below: no fill needed
+        ids = out.take("packed_input_ids", (total,), np.int64, None)
+        position_ids = out.take("packed_position_ids", (total,), np.int64, None)
+        mask = out.take("packed_loss_mask", (total,), np.int64, None)
+        logprobs = out.take("packed_logprobs", (total,), np.float32, None)
+        rewards = out.take("packed_token_rewards", (total,), np.float32, None)
+        seq_index = out.take("packed_seq_index", (total,), np.int64, None)
+        advantage = None if adv is None else out.take("packed_advantages", (total,), np.float32, None)
+    positions = np.arange(longest, dtype=np.int64)
+    for i, (t, a, b) in enumerate(zip(trajs, cu[:-1].tolist(), cu[1:].tolist())):
+        ids[a:b] = t.token_ids
+        position_ids[a:b] = positions[: b - a]
+        mask[a:b] = t.mask
+        logprobs[a:b] = t.logprobs
+        np.copyto(logprobs[a:b], 0.0, where=np.isnan(logprobs[a:b]))  # no logprob reads as 0.0
+        rewards[a:b] = 0.0
+        for (_, end), action in zip(t.action_spans, t.actions):
+            if b > a:  # an empty action's reward goes on the token before it (as _token_rewards)
+                rewards[a + max(end - 1, 0)] += action.reward
+        seq_index[a:b] = i
+        if advantage is not None:
+            np.multiply(mask[a:b], adv[i], out=advantage[a:b], casting="unsafe")
     return PackedBatch(
-        input_ids=torch.from_numpy(np.concatenate([t.token_ids for t in trajs]).astype(np.int64)),
+        input_ids=torch.from_numpy(ids),
         position_ids=torch.from_numpy(position_ids),
         cu_seqlens=torch.from_numpy(cu),
-        max_seqlen=int(lens.max()),
+        max_seqlen=longest,
         loss_mask=torch.from_numpy(mask),
-        logprobs=torch.from_numpy(np.concatenate([_filled_logprobs(t) for t in trajs])),
-        token_rewards=torch.from_numpy(np.concatenate([_token_rewards(t) for t in trajs])),
+        logprobs=torch.from_numpy(logprobs),
+        token_rewards=torch.from_numpy(rewards),
         seq_index=torch.from_numpy(seq_index),
-        advantages=None if adv is None else torch.from_numpy(adv[seq_index] * mask.astype(np.float32)),
+        advantages=None if advantage is None else torch.from_numpy(advantage),
         logprobs_present=torch.from_numpy(present),
     )
 

@@ -654,3 +654,45 @@ def test_to_verl_into_reused_buffers_gives_the_fresh_batchs_tensors_in_the_same_
         c = to_verl(third, pad_token_id=0, out=buffers).tensors
         assert all(torch.equal(c[k], to_verl(third, pad_token_id=0).tensors[k]) for k in c)
     assert buffers.nbytes >= sum(v.numel() * v.element_size() for v in c.values())
+
+
+def test_to_packed_into_reused_buffers_gives_the_fresh_batchs_tensors_in_the_same_memory():
+    from tokengym.recorder import BatchBuffers
+
+    def batch(n, seed):
+        r = np.random.default_rng(seed)
+
+        def ids(lo, hi):
+            return r.integers(5, 100, r.integers(lo, hi)).tolist()
+
+        def turn():
+            action = ids(0, 5)  # empty actions too: their reward goes on the token before
+            lp = r.normal(size=len(action)).astype(np.float32) if r.random() < 0.7 else None
+            return action, lp, float(r.integers(0, 3)), ids(1, 4)
+
+        return [make(ids(1, 6), *[turn() for _ in range(r.integers(1, 4))]) for _ in range(n)]
+
+    def tensors(b):
+        return {k: v for k, v in vars(b).items() if isinstance(v, torch.Tensor)}
+
+    buffers = BatchBuffers()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # some actions have no logprobs, on purpose
+        first = batch(8, 1)
+        adv = np.linspace(-1, 1, 8)
+        a = to_packed(first, advantages=adv, out=buffers)
+        fresh = to_packed(first, advantages=adv)
+        pointers = {k: v.data_ptr() for k, v in tensors(a).items() if k not in ("cu_seqlens", "logprobs_present")}
+        assert tensors(a).keys() == tensors(fresh).keys()
+        assert all(torch.equal(v, tensors(fresh)[k]) for k, v in tensors(a).items())
+        assert a.max_seqlen == fresh.max_seqlen
+        # The next step's batch (no bigger): the same memory, every stale value written over.
+        second = batch(6, 2)
+        b = to_packed(second, advantages=np.ones(6), out=buffers)
+        again = to_packed(second, advantages=np.ones(6))
+        assert all(torch.equal(v, tensors(again)[k]) for k, v in tensors(b).items())
+        assert all(tensors(b)[k].data_ptr() == p for k, p in pointers.items())
+        # Both layouts can share one BatchBuffers: their buffers have names of their own.
+        verl = to_verl(second, pad_token_id=0, out=buffers).tensors
+        assert all(torch.equal(v, tensors(to_packed(second, advantages=np.ones(6)))[k]) for k, v in tensors(b).items())
+        assert torch.equal(verl["responses"], to_verl(second, pad_token_id=0).tensors["responses"])

@@ -77,6 +77,16 @@ def note(env, name: str) -> str:
     return infos[0]["tool_results"][0]["content"]
 
 
+def tokyo_time(env) -> None:
+    """The time server behind ``env`` converts 12:00 UTC to Tokyo's 21:00; the env is closed after."""
+    try:
+        _, infos = play(env, [templated("", call("convert_time", source_timezone="UTC", time="12:00", target_timezone="Asia/Tokyo")), ANSWER])
+        result = infos[0]["tool_results"][0]
+        assert result["status"] == "ok" and "21:00" in result["content"], result
+    finally:
+        env.close()
+
+
 @pytest.fixture
 def sandbox_root():
     """A folder of this test's own for the local sandboxes' workspaces (any uid may enter it)."""
@@ -125,13 +135,7 @@ def test_a_server_in_the_local_sandbox_sees_only_its_workspace(qwen3, sandbox_ro
 
 def test_the_time_server_answers_from_the_local_sandbox(qwen3, sandbox_root):
     require_bwrap()
-    env = make_env(qwen3, MCPTools(server_command("time", any_user=True), sandbox={"backend": "local", "tmp_root": sandbox_root}))
-    try:
-        _, infos = play(env, [templated("", call("convert_time", source_timezone="UTC", time="12:00", target_timezone="Asia/Tokyo")), ANSWER])
-        result = infos[0]["tool_results"][0]
-        assert result["status"] == "ok" and "21:00" in result["content"], result
-    finally:
-        env.close()
+    tokyo_time(make_env(qwen3, MCPTools(server_command("time", any_user=True), sandbox={"backend": "local", "tmp_root": sandbox_root})))
     assert os.listdir(sandbox_root) == []
 
 
@@ -314,13 +318,7 @@ def test_a_server_in_a_docker_sandbox_is_held_by_the_container(qwen3, mcp_image)
 @pytest.mark.docker
 def test_the_time_server_answers_from_a_docker_sandbox(qwen3, mcp_image):
     _, image = mcp_image
-    env = make_env(qwen3, MCPTools([f"{MCP_IMAGE_ROOT}/bin/python", "-m", "mcp_server_time"], sandbox={"backend": "docker", "image": image}))
-    try:
-        _, infos = play(env, [templated("", call("convert_time", source_timezone="UTC", time="12:00", target_timezone="Asia/Tokyo")), ANSWER])
-        result = infos[0]["tool_results"][0]
-        assert result["status"] == "ok" and "21:00" in result["content"], result
-    finally:
-        env.close()
+    tokyo_time(make_env(qwen3, MCPTools([f"{MCP_IMAGE_ROOT}/bin/python", "-m", "mcp_server_time"], sandbox={"backend": "docker", "image": image})))
 
 
 @pytest.mark.docker

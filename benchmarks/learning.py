@@ -44,6 +44,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import resource
 import sys
 import time
@@ -146,10 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(
                 {
+                    "command": "python benchmarks/learning.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                    "env": env_id,
                     "iterations": [vars(it) for it in run.iterations],
                     "evals": [{**dataclasses.asdict(e), "trained": sorted(e.trained, key=str)} for e in run.evals],
                     "peak_rss_gb": peak_gb,
                     "seconds": total,
+                    "load_seconds": loaded - start,
+                    "load_average": os.getloadavg()[0],  # the last minute's, at the end of the run
+                    "cpus": os.cpu_count(),
+                    "held_out_never_asked": {"before": before, "after": after, "questions": never},
                 },
                 f,
                 indent=1,

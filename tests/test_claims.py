@@ -88,6 +88,69 @@ def scale_claim() -> str:
     )
 
 
+def _learning_run(name: str) -> tuple[dict, float, float, float]:
+    """A stored ``benchmarks/learning.py --json`` run and its mean seconds per iteration (all,
+    generation, training)."""
+    d = json.loads((RESULTS / name).read_text(encoding="utf-8"))
+    its = d["iterations"]
+    gen = sum(i["generate_s"] for i in its) / len(its)
+    train = sum(i["train_s"] for i in its) / len(its)
+    return d, gen + train, gen, train
+
+
+def learning_claim() -> str:
+    """The README's sentence on ``benchmarks/learning.py``'s default run, from its stored output;
+    it says "as in the notebook" only when the run's held-out numbers are the notebook's."""
+    d, per, gen, train = _learning_run("learning.json")
+    first, last = d["evals"][0]["metrics"]["correct"], d["evals"][-1]["metrics"]["correct"]
+    never = d["held_out_never_asked"]
+    numbers = f"{first:.2f} -> {last:.2f}", f"{never['before']:.2f} -> {never['after']:.2f}"
+    notebook = _notebook_text("learn.ipynb")
+    same = all(n in notebook for n in (f"before training -> {last:.2f}", f"{first:.2f} before", f": {numbers[1]}"))
+    return (
+        f"`benchmarks/learning.py` runs the same loop and prints the numbers: its default {len(d['iterations'])}-iteration "
+        f"run (`{d['command']}`) took {(d['seconds'] + d['load_seconds']) / 60:.1f} minutes on {d['cpus']} cores shared with "
+        f"other work (load average {d['load_average']:.1f} at its end; {d['seconds']:.0f} s for the loop and "
+        f"{d['load_seconds']:.0f} s to load the model; {per:.1f} s per iteration: {gen:.1f} s generation, {train:.1f} s "
+        f"training; peak RSS {d['peak_rss_gb']:.1f} GB): held-out greedy accuracy {numbers[0]}, {numbers[1]} on the "
+        f"{never['questions']} questions training never asked"
+        + (", the notebook's numbers (the run is seeded)." if same else "; the notebook's run gave other numbers.")
+    )
+
+
+def tool_learning_claim() -> str:
+    """The README's sentence on the two-turn ``--env tool-addition`` run, from its stored output."""
+    d, per, _, _ = _learning_run("learning_tool_addition.json")
+    its = d["iterations"]
+    signal, groups = sum(i["groups_with_signal"] for i in its), sum(i["groups"] for i in its)
+    first, last = d["evals"][0], d["evals"][-1]
+    n = len(first["episodes"])
+    return (
+        f"A {len(its)}-iteration run of it (`{d['command']}`: one question x 4 samples per iteration; {per:.1f} s per "
+        f"iteration, peak RSS {d['peak_rss_gb']:.1f} GB) moved the sampled policy's held-out success from "
+        f"{first['metrics']['correct']:.2f} to {last['metrics']['correct']:.2f} on {n} questions, with {signal} of its "
+        f"{groups} groups carrying a signal ({sum(i['updated'] for i in its)} updates)"
+        + (", as SmolLM2 with two worked examples already gets most groups all right, and such a run moves within "
+           f"the noise of {n} questions." if 2 * signal < groups else ".")
+    )
+
+
+def gpu_claim() -> str:
+    """The README's sentence on the law on a GPU, from ``benchmarks/gpu_law.py --json``'s stored runs."""
+    runs = [json.loads((RESULTS / f).read_text(encoding="utf-8")) for f in ("gpu_law.json", "gpu_law_big.json")]
+    f32 = [next(r for r in run["runs"] if r["dtype"] == "float32") for run in runs]
+    bf16 = [next(r for r in run["runs"] if r["dtype"] == "bfloat16") for run in runs]
+    return (
+        f"On a GPU the law holds the same: on an {runs[0]['device']}, `HFPolicy` sampling "
+        f"{f32[0]['episodes']:,} and {f32[1]['episodes']:,} multi-turn episodes with a random Qwen3 on CUDA and "
+        f"`policy_logprobs` recomputing them there differ by at most {f32[0]['max_abs_diff']:.1e} and "
+        f"{f32[1]['max_abs_diff']:.1e} in float32 ({bf16[0]['max_abs_diff']:.1e} and {bf16[1]['max_abs_diff']:.1e} "
+        f"in bfloat16: half precision's gap between a decode step and a whole forward pass) "
+        f"(`python benchmarks/gpu_law.py --json benchmarks/results/gpu_law.json`; it exits 1 when float32 is "
+        f"not under 1e-4)."
+    )
+
+
 def kills_claim() -> str:
     """docs/sandboxes.md's sentence on what killed runs leave, from ``benchmarks/sandbox_kills.py --json``."""
     runs = json.loads((RESULTS / "sandbox_kills.json").read_text(encoding="utf-8"))
@@ -107,7 +170,10 @@ def test_the_sandbox_docs_quote_the_stored_kill_run():
     assert expected in doc, f"docs/sandboxes.md should say (from the stored output):\n{expected}"
 
 
-@pytest.mark.parametrize("claim", [learn_claim, observation_claim, scale_claim], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "claim", [learn_claim, observation_claim, scale_claim, gpu_claim, learning_claim, tool_learning_claim],
+    ids=lambda f: f.__name__,
+)
 def test_the_readme_quotes_the_stored_run(claim):
     expected = claim()
     assert expected in _readme(), f"README.md should say (from the stored output):\n{expected}"
@@ -118,3 +184,81 @@ def test_a_changed_number_is_caught(monkeypatch):
     expected = observation_claim()
     changed = re.sub(r"is (\d+)x faster", lambda m: f"is {int(m.group(1)) + 1}x faster", expected)
     assert changed != expected and changed not in readme
+
+
+# ------------------------------------------------------------- the claims table
+CLAIMS = ROOT / "docs" / "claims.md"
+
+
+def readme_claim_sentences(text: str) -> list[str]:
+    """The README's prose sentences that state a number: code blocks, tables, headings, HTML
+    comments, inline code and link targets are left out; a number is a digit not glued to a word
+    (``Qwen3``, ``v0``), a path or a version's dot (``Llama 3.1`` counts once, by its 3)."""
+    text = re.sub(r"```.*?```", " ", text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith(("|", "#"))]
+    prose = re.sub(r"\s+", " ", " ".join(lines))
+    found = []
+    for sentence in re.split(r"(?<=[.;:!?])\s+(?=[A-Z(`*\"])", prose):
+        bare = re.sub(r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", " ", sentence))
+        if re.search(r"(?<![\w.\-/])\d", bare):
+            found.append(sentence.strip())
+    return found
+
+
+def claims_rows() -> list[tuple[str, str]]:
+    """docs/claims.md's rows: (the README's words, what holds them)."""
+    rows = []
+    for line in CLAIMS.read_text(encoding="utf-8").splitlines():
+        m = re.match(r'\| "((?:[^"\\]|\\.)*)" \| (.*) \|$', line)
+        if m:
+            rows.append((m.group(1).replace('\\"', '"').replace("\\|", "|"), m.group(2)))
+    return rows
+
+
+def test_every_quote_of_the_claims_table_is_in_the_readme():
+    rows = claims_rows()
+    assert len(rows) > 50
+    stale = [quote for quote, _ in rows if quote not in _readme()]
+    assert not stale, f"docs/claims.md quotes words the README no longer has: {stale}"
+
+
+def test_every_readme_sentence_with_a_number_has_a_row():
+    quotes = [quote for quote, _ in claims_rows()]
+    sentences = readme_claim_sentences((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert len(sentences) > 30
+    bare = [s for s in sentences if not any(q in s for q in quotes)]
+    assert not bare, "README sentences with a number that docs/claims.md does not hold:\n" + "\n".join(bare)
+
+
+def test_the_sentence_finder_sees_numbers_not_names():
+    found = readme_claim_sentences("Qwen3 and `v0` only. It took 3 s. Llama 3.1 works. See [x](a/b2.md) now.\n\n```\n5 s\n```")
+    assert found == ["It took 3 s.", "Llama 3.1 works."]
+
+
+def test_every_test_and_script_the_claims_table_names_exists():
+    named = " ".join(held for _, held in claims_rows())
+    tests = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", named)
+    files = re.findall(r"`((?:tests|benchmarks)/[\w/]+\.py)[` ]", named) + [f for f, _ in tests]
+    assert len(tests) > 60
+    missing = [f for f in files if not (ROOT / f).is_file()]
+    missing += [f"{f}::{name}" for f, name in tests
+                if (ROOT / f).is_file() and not re.search(rf"^(async )?def {name}\(", (ROOT / f).read_text(encoding="utf-8"), re.M)]
+    assert not missing, f"docs/claims.md names tests or scripts that do not exist: {missing}"
+
+
+def test_the_readmes_defaults_are_the_codes():
+    """The defaults the README states in words: 1 s of group commit, 5 s for a step under way at a
+    stop, 3 s for the hub to answer."""
+    import inspect
+
+    from tokengym.envs.tokenizers import HUB_PROBE_TIMEOUT_S
+    from tokengym.recorder import TrajectoryWriter
+    from tokengym.recorder.drivers.step_pool import STOP_GRACE_S
+
+    assert inspect.signature(TrajectoryWriter).parameters["fsync_interval"].default == 1.0
+    assert STOP_GRACE_S == 5.0
+    assert HUB_PROBE_TIMEOUT_S == 3.0
+    readme = _readme()
+    for words in ("`fsync_interval`, 1 s by default", "a step under way gets 5 s", "does not answer within 3 s"):
+        assert words in readme

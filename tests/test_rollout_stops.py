@@ -280,3 +280,50 @@ def test_deadlines_are_checked():
         Deadlines(step_s=0)
     with pytest.raises(ValueError, match="generate_s"):
         Deadlines(generate_s=float("nan"))
+
+
+class _Reply:
+    """What an engine actor's ``generate.remote`` returns, for the worker unit test below: its ``future()``."""
+
+    def __init__(self, gen):
+        self.gen = gen
+
+    def future(self):
+        import concurrent.futures
+
+        f = concurrent.futures.Future()
+        f.set_result(self.gen)
+        return f
+
+
+def test_an_env_worker_that_cannot_replace_a_stuck_env_says_it_lost_the_slot(qwen25):
+    """The Ray env worker (as a plain object, with an engine stand-in that answers at once): its
+    episode's step hangs past the deadline, the stuck copy is set aside, and making a fresh one
+    fails, so the worker tells the driver it has one slot fewer instead of blocking its next episode."""
+    from types import SimpleNamespace
+
+    from tokengym.policies import SamplingParams
+    from tokengym.recorder.drivers.episodes import plan_tasks, sampling_record
+    from tokengym.recorder.drivers.ray_actors import EnvWorker
+
+    builds = []
+
+    def make():
+        builds.append(1)
+        if len(builds) > 1:
+            raise RuntimeError("the env's backend is gone")
+        return HangingCalculator(qwen25)
+
+    policy = answer_policy(qwen25)
+    engine = SimpleNamespace(generate=SimpleNamespace(remote=lambda ctx, params: _Reply(policy.generate([ctx], params)[0])))
+    base = SamplingParams(max_tokens=16)
+    (task,) = plan_tasks([1], 0, base)  # episode 1 resets with seed 1: its step hangs
+    RELEASE.clear()
+    worker = EnvWorker(make, None, slots=1)
+    try:
+        out = worker.run_episode(task, engine, (base, 0, sampling_record(base, "scripted", "none", 0), Deadlines(step_s=0.5)))
+        assert out["stuck"] is True and out["slot_lost"] is True and out["error"].type == "EpisodeTimeout"
+        assert len(builds) == 2
+    finally:
+        RELEASE.set()
+        worker.close()

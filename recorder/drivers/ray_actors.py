@@ -15,6 +15,7 @@ slot (the driver counts it: ``stuck_envs``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import queue
 import threading
@@ -32,6 +33,8 @@ from .runner import EngineLost, play
 from .step_pool import Deadlines, StepThreads
 
 __all__ = ["EnvWorker", "PolicyEngine", "root_cause", "short_error"]
+
+log = logging.getLogger("tokengym.ray")
 
 
 def root_cause(err: BaseException) -> BaseException:
@@ -92,6 +95,7 @@ class EnvWorker:
         episode = task.episode
         env = self._free.get()  # the driver never sends more episodes than slots
         slot = EpisodeSlot(env)
+        out: dict[str, Any] = {"episode": episode}
         try:
             env.sampling = record
             generate = _engine_generate(engine)
@@ -99,21 +103,33 @@ class EnvWorker:
                 step, begin = _on_threads(self._steps)
                 outcome = asyncio.run(play(slot, task, base, generate, step, deadlines, begin))
             except EngineLost as err:
-                return {"episode": episode, "engine_died": str(err)}
+                out["engine_died"] = str(err)
+                return out
             # This process's timed-out tool calls still running: the run's summary adds up the workers'.
-            threads = abandoned_threads()
-            out: dict[str, Any] = {"episode": episode, "tool_threads": threads, "stuck": slot.retired}
+            out.update(tool_threads=abandoned_threads(), stuck=slot.retired)
             out["error" if isinstance(outcome, EpisodeError) else "trajectories"] = outcome
             return out
         finally:
-            self._free.put(self._replace(env) if slot.retired else env)
+            if not slot.retired:
+                self._free.put(env)
+            else:
+                fresh = self._replace(env)
+                if fresh is None:
+                    out["slot_lost"] = True  # the driver sends this worker one episode fewer from now on
+                else:
+                    self._free.put(fresh)
 
-    def _replace(self, stuck: RecordEpisodes) -> RecordEpisodes:
-        """A fresh env copy in the place of one a hung step still holds (closed with the worker)."""
+    def _replace(self, stuck: RecordEpisodes) -> RecordEpisodes | None:
+        """A fresh env copy in the place of one a hung step still holds (closed with the worker), or
+        None when the env cannot be made again (the slot is gone: logged, and said to the driver)."""
         with self._lock:
             self._stuck.append(stuck)
             self._steps.grow()  # the hung thread keeps its place: the slot gets a thread of its own
-        fresh = RecordEpisodes(self._factory(), keep=False)
+        try:
+            fresh = RecordEpisodes(self._factory(), keep=False)
+        except Exception:  # noqa: BLE001 -- the episode's own outcome is already decided
+            log.exception("an env copy to replace a stuck one could not be made; this worker has one slot fewer")
+            return None
         with self._lock:
             self._envs.append(fresh)
         return fresh

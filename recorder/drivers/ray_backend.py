@@ -529,6 +529,8 @@ class _Run:
             self.tool_threads[worker] = out["tool_threads"]
         if out.get("stuck"):  # the worker set the env copy aside and made a fresh one
             stats.stuck_envs += 1
+        if out.get("slot_lost") and self.free.get(worker, 0) > 0:  # ... or could not: one slot fewer
+            self.free[worker] -= 1
         if "trajectories" in out:
             stats.per_node[self.fleet.nodes[worker]] += 1
             record_finished(stats, out["trajectories"], self.done, self.on_episode, self.bar)

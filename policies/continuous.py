@@ -192,21 +192,19 @@ class ContinuousDecoder:
         batch.positions = batch.positions + 1
         logits = p.forward(batch.next_ids, batch.mask, batch.positions, batch.cache)
         keep = self._sample(rows, logits, batch)
+        going = set(keep)
         for i, r in enumerate(rows):
-            if i not in keep:
+            if i not in going:
                 self._resolve(r)
         return keep
 
     def _sample(self, rows: list[_Row], logits: torch.Tensor, batch: _Batch) -> list[int]:
-        import torch
-
-        logprobs = torch.log_softmax(logits, dim=-1)
+        tokens, toks, lps = self.policy.sample_rows(logits, range(len(rows)), [r.params for r in rows], [r.generator for r in rows])
+        batch.next_ids[:, 0] = tokens
         keep = []
-        for i, r in enumerate(rows):
-            tok = self.policy.pick(logits[i], r.params, r.generator)
-            batch.next_ids[i, 0] = tok
+        for i, (r, tok, lp) in enumerate(zip(rows, toks, lps)):
             r.ids.append(tok)
-            r.logprobs.append(float(logprobs[i, tok]))
+            r.logprobs.append(lp)
             r.finish = self.policy.finish_reason(r.ids, r.params)
             if r.finish is None and not r.future.cancelled():  # a stopped episode's request leaves now
                 keep.append(i)

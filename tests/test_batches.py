@@ -619,21 +619,25 @@ def test_an_episode_of_several_rows_is_one_group_member():
         assert grpo_advantages(rows[:2]).singletons == (0,)
 
 
+def random_batch(n: int, seed: int, *, shortest_action: int = 1, top_reward: int = 1) -> list:
+    """``n`` random trajectories of 1-3 turns; some actions without logprobs (on purpose)."""
+    r = np.random.default_rng(seed)
+
+    def ids(lo, hi):
+        return r.integers(5, 100, r.integers(lo, hi)).tolist()
+
+    def turn():
+        action = ids(shortest_action, 5)
+        lp = r.normal(size=len(action)).astype(np.float32) if r.random() < 0.7 else None
+        return action, lp, float(r.integers(0, top_reward + 1)), ids(1, 4)
+
+    return [make(ids(1, 6), *[turn() for _ in range(r.integers(1, 4))]) for _ in range(n)]
+
+
 def test_to_verl_into_reused_buffers_gives_the_fresh_batchs_tensors_in_the_same_memory():
     from tokengym.recorder import BatchBuffers
 
-    def batch(n, seed):
-        r = np.random.default_rng(seed)
-
-        def ids(lo, hi):
-            return r.integers(5, 100, r.integers(lo, hi)).tolist()
-
-        def turn():
-            action = ids(1, 5)
-            lp = r.normal(size=len(action)).astype(np.float32) if r.random() < 0.7 else None
-            return action, lp, float(r.integers(0, 2)), ids(1, 4)
-
-        return [make(ids(1, 6), *[turn() for _ in range(r.integers(1, 4))]) for _ in range(n)]
+    batch = random_batch
 
     buffers = BatchBuffers()
     first = batch(8, 1)
@@ -659,18 +663,8 @@ def test_to_verl_into_reused_buffers_gives_the_fresh_batchs_tensors_in_the_same_
 def test_to_packed_into_reused_buffers_gives_the_fresh_batchs_tensors_in_the_same_memory():
     from tokengym.recorder import BatchBuffers
 
-    def batch(n, seed):
-        r = np.random.default_rng(seed)
-
-        def ids(lo, hi):
-            return r.integers(5, 100, r.integers(lo, hi)).tolist()
-
-        def turn():
-            action = ids(0, 5)  # empty actions too: their reward goes on the token before
-            lp = r.normal(size=len(action)).astype(np.float32) if r.random() < 0.7 else None
-            return action, lp, float(r.integers(0, 3)), ids(1, 4)
-
-        return [make(ids(1, 6), *[turn() for _ in range(r.integers(1, 4))]) for _ in range(n)]
+    def batch(n, seed):  # empty actions too: their reward goes on the token before
+        return random_batch(n, seed, shortest_action=0, top_reward=2)
 
     def tensors(b):
         return {k: v for k, v in vars(b).items() if isinstance(v, torch.Tensor)}

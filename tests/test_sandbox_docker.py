@@ -516,6 +516,7 @@ def _crash(engine, n: int = 1) -> list[str]:
     return orphans
 
 
+@pytest.mark.alone  # a dead owner's containers go at any process's first use of the engine: no other test may run
 def test_cleanup_containers_removes_orphans_of_a_crash(engine, backend):
     from tokengym.envs.sandbox import DockerSandbox, cleanup_containers
 
@@ -527,6 +528,7 @@ def test_cleanup_containers_removes_orphans_of_a_crash(engine, backend):
         assert mine.run("echo still here").ok
 
 
+@pytest.mark.alone  # a dead owner's containers go at any process's first use of the engine: no other test may run
 def test_a_crashs_containers_go_at_the_next_start_and_by_the_command(engine, tmp_path):
     from tokengym.envs.sandbox import DockerSandbox
 

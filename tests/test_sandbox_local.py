@@ -251,6 +251,34 @@ def test_concurrent_calls_on_one_sandbox(sb):
     assert [r.stdout.strip() for r in results] == [str(i) for i in range(6)]
 
 
+@requires("ROOT", None if os.geteuid() == 0 else "the sweep after a call is of the sandbox's own uid: root hosts")
+def test_a_call_that_ends_while_another_starts_does_not_sweep_the_starting_one(monkeypatch):
+    """Without bubblewrap, the last call to end kills whatever still runs under the sandbox's uid.
+    A call whose process is already running but not yet registered (its Popen has not returned)
+    is not "nothing": here the second call's Popen returns only after the first call has ended."""
+    first_done = threading.Event()
+    real = subprocess.Popen
+
+    class SlowToReturn(real):  # the second call's fork returns late, as on a loaded machine
+        def __init__(self, argv, *a, **k):
+            super().__init__(argv, *a, **k)
+            script = str(argv[-1])  # a command runs as a script the sandbox writes
+            if script.endswith(".sh") and "second" in Path(script).read_text():
+                first_done.wait(10)
+
+    monkeypatch.setattr(local_sandbox.subprocess, "Popen", SlowToReturn)
+    with LocalSandbox(isolation="none") as box:
+        out = {}
+        second = threading.Thread(target=lambda: out.setdefault("second", box.run("sleep 0.5; echo second")))
+        second.start()
+        time.sleep(0.2)
+        out["first"] = box.run("echo first")
+        first_done.set()
+        second.join(20)
+    assert out["first"].stdout.strip() == "first"
+    assert out["second"].ok and out["second"].stdout.strip() == "second", out["second"]
+
+
 def test_reset_empties_the_workspace_and_kills_everything(sb):
     sb.write_file("a/b.txt", "x")
     sb.run('echo t > "$TMPDIR/t.txt"')

@@ -58,6 +58,7 @@ class Runner:
     limits: Limits
     _lock: threading.Lock
     _calls: set[Call]
+    _starting: int
     _use_bwrap: bool
     _own_uid: int | None
     _cgroup: Cgroup | None
@@ -204,14 +205,14 @@ class Runner:
             kill_by_marker(call.marker)
             return
         with self._lock:
-            alone = self._calls == {call}
+            alone = self._calls == {call} and not self._starting
         if alone:  # (with other calls running, the last one to finish sweeps)
             kill_uid(self._own_uid)
 
     def _finish(self, call: Call) -> None:
         with self._lock:
             self._calls.discard(call)
-            last = not self._calls
+            last = not self._calls and not self._starting  # a call starting now sweeps when it ends
         if last and self._own_uid is not None and not self._use_bwrap:
             # nothing of this sandbox may outlive its last running call (nor, as zombies, hold
             # its process limit against the next call)

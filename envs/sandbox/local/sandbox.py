@@ -96,6 +96,8 @@ class LocalSandbox(Runner, WorkspaceFiles, Sandbox):
         self._closed = True  # until fully built
         self._lock = threading.Lock()
         self._calls: set[Call] = set()
+        self._starting = 0
+        """Calls between their start and their entry in ``_calls`` (their process may already run)."""
         self._serial = itertools.count()
 
         # who runs the commands
@@ -531,6 +533,8 @@ class LocalSandbox(Runner, WorkspaceFiles, Sandbox):
         if self._root_host:
             kwargs.update(user=self.uid, group=self.gid, extra_groups=[])
         start = time.monotonic()
+        with self._lock:  # a call that ends meanwhile must not sweep the uid: this one is about to run under it
+            self._starting += 1
         try:
             proc = subprocess.Popen(
                 full,
@@ -544,6 +548,8 @@ class LocalSandbox(Runner, WorkspaceFiles, Sandbox):
                 **kwargs,
             )
         except OSError as err:
+            with self._lock:
+                self._starting -= 1
             return ExecResult(
                 "crashed", None, "", "", time.monotonic() - start, message=f"the sandbox could not start the command: {err}"
             )
@@ -551,6 +557,7 @@ class LocalSandbox(Runner, WorkspaceFiles, Sandbox):
         call.baseline = baseline
         with self._lock:
             self._calls.add(call)
+            self._starting -= 1
         try:
             out, err_, dropped, timed_out = self._communicate(call, stdin, start + timeout)
             if watched is not None and not call.over_quota:

@@ -68,7 +68,7 @@ skyrl_python() {  # a Python >= 3.12: TOKENGYM_SKYRL_PYTHON, python3.12 on PATH,
     local pyenv_root
     pyenv_root=$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")
     for candidate in "$SKYRL_PYTHON" "$(command -v python3.12 || true)" "$pyenv_root"/versions/3.12*/bin/python3.12 \
-        "$pyenv_root"/versions/3.13*/bin/python3.13 /root/.pyenv/versions/3.12*/bin/python3.12; do
+        "$pyenv_root"/versions/3.13*/bin/python3.13; do
         # (a pyenv shim is on PATH whether or not it can run: ask the interpreter itself)
         if [[ -n $candidate && -x $candidate ]] && "$candidate" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then
             echo "$candidate"

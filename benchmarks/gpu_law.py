@@ -18,8 +18,7 @@ same device:
     python benchmarks/gpu_law.py                       # cuda, 256 episodes, 64 in flight
     python benchmarks/gpu_law.py --device cpu --episodes 8 --concurrency 4 --hidden 64   # a quick try here
 
-Measured on a GPU machine lent for a few minutes; the numbers go in the closing note that asks
-for them, with the command.
+The stored runs (``benchmarks/results/gpu_law*.json``, on an NVIDIA H200) are what the README quotes.
 """
 
 from __future__ import annotations

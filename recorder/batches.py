@@ -542,10 +542,7 @@ def to_packed(
         mask[a:b] = t.mask
         logprobs[a:b] = t.logprobs
         np.copyto(logprobs[a:b], 0.0, where=np.isnan(logprobs[a:b]))  # no logprob reads as 0.0
-        rewards[a:b] = 0.0
-        for (_, end), action in zip(t.action_spans, t.actions):
-            if b > a:  # an empty action's reward goes on the token before it (as _token_rewards)
-                rewards[a + max(end - 1, 0)] += action.reward
+        rewards[a:b] = _token_rewards(t)
         seq_index[a:b] = i
         if advantage is not None:
             np.multiply(mask[a:b], adv[i], out=advantage[a:b], casting="unsafe")

@@ -100,8 +100,9 @@ def host_secret() -> Iterator[HostSecret]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def host_pids_with(marker: str) -> list[int]:
-    """Host processes whose command line contains ``marker`` (sees containers too: same kernel)."""
+def host_pids_with(marker: str, *, live: bool = False) -> list[int]:
+    """Host processes whose command line contains ``marker`` (sees containers too: same kernel);
+    ``live``: zombies left out (dead, waiting to be reaped)."""
     needle = marker.encode()
     me = os.getpid()
     out = []
@@ -110,8 +111,13 @@ def host_pids_with(marker: str) -> list[int]:
             continue
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
-                if needle in f.read():
-                    out.append(int(name))
+                if needle not in f.read():
+                    continue
+            if live:
+                with open(f"/proc/{name}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                        continue
+            out.append(int(name))
         except OSError:
             pass
     return out

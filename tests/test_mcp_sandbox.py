@@ -26,6 +26,7 @@ import pytest
 
 from mcp_servers import any_user_fault_server, server_command
 from needs import missing, requires
+from sandbox_escapes import host_pids_with
 from test_mcp import ANSWER, TASKS, make_env
 from test_tool_env import call, play, templated
 
@@ -43,17 +44,7 @@ def tagged_fault_server() -> tuple[list[str], str]:
 
 def processes_with(tag: str) -> list[int]:
     """Live processes whose command line holds ``tag``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if tag.encode() in f.read():
-                    with open(f"/proc/{pid}/stat") as s:
-                        if s.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                            found.append(int(pid))
-        except OSError:
-            continue
-    return found
+    return host_pids_with(tag, live=True)
 
 
 def no_process_with(tag: str, within: float = 20.0) -> bool:

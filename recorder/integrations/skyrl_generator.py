@@ -292,12 +292,7 @@ class PolicyInferenceEngine(InferenceEngineInterface):
 
 def _policy_sampling(d: Mapping[str, Any]) -> SamplingParams:
     """tokengym's :class:`SamplingParams` from the vLLM-style dict :func:`engine_sampling` writes."""
-    top_k = int(d.get("top_k", -1) or -1)
-    return SamplingParams(
-        max_tokens=int(d.get("max_tokens", 1024)),
-        temperature=float(d.get("temperature", 1.0)),
-        top_p=float(d.get("top_p", 1.0)),
-        top_k=max(top_k, 0),
+    return row_sampling(d, int(d.get("max_tokens", 1024))).replace(
         seed=None if d.get("seed") is None else int(d["seed"]),
         stop_token_ids=tuple(int(t) for t in d.get("stop_token_ids") or ()),
         stop_strings=tuple(d.get("stop") or ()),

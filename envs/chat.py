@@ -9,7 +9,6 @@ what the environment answers (:meth:`ChatEnv.respond`); the base does all tokeni
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -258,7 +257,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
     @property
     def messages(self) -> list[Message]:
         """The conversation so far (assistant turns as the decoded text of their tokens)."""
-        return copy.deepcopy(self._messages) if self._pieces is not None else []
+        return plain_copy(self._messages) if self._pieces is not None else []
 
     # ------------------------------------------------------------- gymnasium
     def reset(
@@ -288,7 +287,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self._limit = self.max_context_tokens if budget is None else min(self.max_context_tokens, len(rendered.ids) + budget)
         self._prompt = prompt
         self._tools = prompt.tools
-        self._messages: list[Message] = copy.deepcopy(prompt.messages)
+        self._messages: list[Message] = plain_copy(prompt.messages)
         prompt_ids = frozen_ids(rendered.ids)
         self._pieces = [Piece("prompt", 0, prompt_ids, rendered.text, has_user=True)]
         self._num_tokens = len(rendered.ids)
@@ -298,11 +297,11 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         # assistant message index -> the turn as a server renders it (its parsed calls, or the
         # parser's split of the turn), for templates that refuse the turn as plain text
         self._structured_at: dict[int, Message] = {}
-        record = ResetRecord(copy.deepcopy(prompt.task), len(rendered.ids), self._limit - len(rendered.ids))
+        record = ResetRecord(plain_copy(prompt.task), len(rendered.ids), self._limit - len(rendered.ids))
         info = {
-            "messages": copy.deepcopy(prompt.messages),
-            "tools": copy.deepcopy(prompt.tools),
-            "task": copy.deepcopy(prompt.task),
+            "messages": plain_copy(prompt.messages),
+            "tools": plain_copy(prompt.tools),
+            "task": plain_copy(prompt.task),
             "num_tokens": record.num_tokens,
             "remaining_context": record.remaining_context,
             RECORD: record,
@@ -398,7 +397,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             stop_reason=stop_reason,
             context_reset=context_reset,
             tool_rewards=_tool_rewards(turn, extra.get("tool_results")),
-            episode_facts={k: copy.deepcopy(extra[k]) for k in EPISODE_FACTS if k in extra},
+            episode_facts={k: plain_copy(extra[k]) for k in EPISODE_FACTS if k in extra},
         )
         obs_out = obs_ids if isinstance(obs_ids, np.ndarray) else frozen_ids(obs_ids)
         return obs_out, reward, terminated, done and not terminated, _step_info(record, assistant, response, extra)

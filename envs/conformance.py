@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -98,7 +99,7 @@ CAUSES: dict[str, str] = {
 """Why a template is not prefix-stable, in words, per :class:`KnownBehaviour` value."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class Piece:
     """One tokenized piece of the stream and the text it was tokenized from."""
 
@@ -112,7 +113,7 @@ class Piece:
     n_messages: int = 1  # messages rendered in this piece (an observation may render none)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Conformance:
     """Result of one turn's check.
 
@@ -506,9 +507,9 @@ def check_conformance(
         moved = _moved_opening(renderer, rendered_messages, tools, final)
         if moved is not None:
             conf = known((KnownBehaviour.SYSTEM_MOVED,), (turn,))
-            return Conformance(
+            return dataclasses.replace(
+                conf,
                 **{
-                    **conf.__dict__,
                     "detail": conf.detail + f" (the whole render places the {moved} after the first user message, or "
                     "drops it; the rest of the stream cannot be compared with a render that moves it)",
                 }
@@ -574,14 +575,17 @@ def deferred_conformance(renderer: ChatRenderer, pieces: Sequence[Piece], *, tur
     only) and ``status="deferred"``. The check on ``next_check``, or on the episode's last turn if
     that comes first, compares the stream up to here with the template and names the turn of any
     difference."""
-    return Conformance(
-        turn=turn,
-        status="deferred",
-        detail=f"turn {turn}: not compared with the template on this turn; the check on turn {next_check} or on "
-        "the episode's last turn, whichever comes first, covers it (conformance_schedule='every_turn' checks "
-        "each turn)",
-        notes=_notes(renderer, pieces, turn),
-    )
+    notes = _notes(renderer, pieces, turn)
+    detail = _DEFERRED.get(next_check)
+    if detail is None:  # one string per next check, shared by every turn and episode that defers to it
+        detail = _DEFERRED.setdefault(next_check, sys.intern(
+            f"not compared with the template on this turn; the check on turn {next_check} or on the episode's "
+            "last turn, whichever comes first, covers it (conformance_schedule='every_turn' checks each turn)"
+        ))
+    return Conformance(turn=turn, status="deferred", detail=detail, notes=notes)
+
+
+_DEFERRED: dict[int, str] = {}
 
 
 def _added_text_as_text(renderer: ChatRenderer, piece: Piece) -> bool:

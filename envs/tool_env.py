@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -32,6 +32,7 @@ from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt
 from .parsers import ParsedCall, ToolCallParser, call_evidence, get_parser, parse_calls
 from .render import Message, TemplateError
 from .function_tools import Tool, ToolCall, expand_tools
+from .plain_copy import plain_copy
 from .mcp.tools import MCPTools, OpenMCPTools, mcp_tools_of
 from .tool_runner import ToolRunner
 
@@ -169,8 +170,11 @@ class CallRecord:
         return self.status in INVALID_STATUSES
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready form, as stored in trajectory metadata."""
-        return asdict(self)
+        """A JSON-ready form, as stored in trajectory metadata (``dataclasses.asdict``'s, built directly)."""
+        return {
+            "index": self.index, "status": self.status, "content": self.content, "name": self.name,
+            "arguments": plain_copy(self.arguments), "id": self.id, "reward": self.reward, "truncated": self.truncated,
+        }
 
 
 def _new_stats() -> dict[str, int]:
@@ -432,7 +436,7 @@ class ToolEnv(ChatEnv):
                 msg["name"] = r.name
             messages.append(msg)
         calls = [
-            {"id": r.id, "type": "function", "function": {"name": r.name, "arguments": copy.deepcopy(r.arguments)}}
+            {"id": r.id, "type": "function", "function": {"name": r.name, "arguments": plain_copy(r.arguments)}}
             for r in records
             if r.id is not None
         ]
@@ -498,8 +502,12 @@ class ToolEnv(ChatEnv):
         ``max_turn_result_tokens``, the longest ones share what is left (water-filling), each cut
         once from its original text."""
         cuts = [truncate_middle(r.content, self.max_result_tokens, self._count) for r in records]
-        sizes = [self._count(text) for text, _ in cuts]
         left = self.max_turn_result_tokens
+        # A byte-level tokenizer never makes more tokens than bytes: results within the budget in
+        # bytes are within it in tokens, uncounted (a count is a tokenizer call per result).
+        if sum(len(text.encode("utf-8", "surrogatepass")) for text, _ in cuts) <= left:
+            return self._records(records, cuts)
+        sizes = [self._count(text) for text, _ in cuts]
         if sum(sizes) > left:
             order = sorted(range(len(records)), key=lambda i: sizes[i])
             share = 0
@@ -512,6 +520,10 @@ class ToolEnv(ChatEnv):
             for i, r in enumerate(records):
                 if sizes[i] > share:
                     cuts[i] = truncate_middle(r.content, min(share, self.max_result_tokens), self._count)
+        return self._records(records, cuts)
+
+    @staticmethod
+    def _records(records: list[CallRecord], cuts: list[tuple[str, bool]]) -> list[CallRecord]:
         return [
             CallRecord(r.index, r.status, text, r.name, r.arguments, r.id, r.reward, cut)
             for r, (text, cut) in zip(records, cuts, strict=True)

@@ -25,7 +25,7 @@ class SegmentKind(str, Enum):
     OBSERVATION = "observation"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class Segment:
     """A run of tokens from one source.
 

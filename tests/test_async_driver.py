@@ -385,3 +385,75 @@ def test_a_request_waiting_in_the_queue_is_not_engine_time():
         batcher.close()
     assert calls == [3] and wall >= 0.3
     assert 0.02 <= batcher.busy_s < 0.15  # the one call, not the 0.3 s the requests waited for it
+
+
+class _Counted:
+    """A factory of ReplayEnvs that counts its builds and raises on the ones listed in ``fail``."""
+
+    def __init__(self, qwen3, fail: set[int] = frozenset(), env=None) -> None:
+        self.qwen3, self.fail, self.made, self.env = qwen3, set(fail), [], env
+
+    def __call__(self):
+        n = len(self.made) + 1
+        if n in self.fail:
+            self.made.append(None)
+            raise RuntimeError(f"build {n} failed")
+        env = (self.env or (lambda: ReplayEnv(self.qwen3, max_turns=2)))()
+        self.made.append(env)
+        return env
+
+
+def test_a_run_builds_one_env_before_its_first_episode_and_the_rest_as_slots_take_episodes(qwen3):
+    events: list[str] = []
+
+    class Noted(gym.Wrapper):
+        def reset(self, **kw):
+            events.append("reset")
+            return self.env.reset(**kw)
+
+    factory = _Counted(qwen3)
+
+    def build():
+        events.append("build")
+        return Noted(factory())
+
+    r = rollout(build, ScriptedPolicy(lambda c: [151645]), episodes=12, concurrency=8, progress=False)
+    assert r.stats.episodes == 12 and r.stats.failed == 0
+    assert len(factory.made) == 8  # one per slot, each built once
+    assert events[:4] == ["build", "reset", "build", "reset"]  # not 8 builds before the first episode starts
+    assert all(env._pieces is None or env._done for env in factory.made)  # every one was closed or finished
+
+
+def test_a_slot_whose_build_fails_fails_that_episode_and_builds_again_for_the_next(qwen3):
+    factory = _Counted(qwen3, fail={3})
+    r = rollout(factory, ScriptedPolicy(lambda c: [151645]), episodes=10, concurrency=4, progress=False)
+    assert r.stats.failed == 1 and r.stats.episodes == 9
+    err = r.stats.errors[0]
+    assert "build 3 failed" in str(err) and "reset failed" in str(err)
+    assert len(factory.made) == 5  # 4 slots, one of them built twice
+
+
+def test_a_factory_that_cannot_build_fails_the_run_before_any_episode(qwen3):
+    with pytest.raises(RuntimeError, match="build 1 failed"):
+        rollout(_Counted(qwen3, fail={1}), ScriptedPolicy(lambda c: [151645]), episodes=4, concurrency=2, progress=False)
+
+
+def test_a_lazy_slot_has_no_env_until_it_begins(qwen3):
+    from tokengym.recorder.drivers.episodes import plan_tasks
+
+    factory = _Counted(qwen3)
+    slot = EpisodeSlot.lazy(lambda: RecordEpisodes(factory(), keep=False))
+    assert slot.env is None and factory.made == []
+    with pytest.raises(RuntimeError, match="first begin"):
+        slot.stream
+    slot.begin(plan_tasks([0], 0)[0])
+    assert len(factory.made) == 1 and slot.env.unwrapped is factory.made[0] and len(slot.stream) > 0
+
+
+def test_a_lazily_built_env_that_waits_sends_the_runs_steps_to_worker_threads(qwen3):
+    seen: list[threading.Thread] = []
+    kinds = iter([StepThreads, *[UndeclaredStepThreads] * 7])  # the first env says its steps do not wait
+    r = rollout(lambda: next(kinds)(ReplayEnv(qwen3, max_turns=3), seen), ScriptedPolicy(lambda c: [151645]),
+                episodes=8, concurrency=8, progress=False)
+    assert r.stats.failed == 0 and len(seen) == 24
+    assert seen.count(threading.current_thread()) < len(seen) // 2  # the waiting envs' steps left the loop's thread

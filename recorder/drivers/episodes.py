@@ -294,13 +294,29 @@ class EpisodeSlot:
     (``begin``, ``params``, ``step``, ``advance``) for every driver that plays it.
     """
 
-    env: RecordEpisodes
+    env: RecordEpisodes | None
+    """Its env; None until the first :meth:`begin` of a slot made with ``build`` (see :meth:`lazy`)."""
     episode: int = -1
     turn: int = 0
     remaining: int = 0
     task: EpisodeTask | None = None
     retired: bool = False
     """Its env is still inside a step that passed its deadline: no episode runs on it again."""
+    build: Callable[[], RecordEpisodes] | None = field(default=None, repr=False)
+    """Makes :attr:`env` at the first :meth:`begin`, when the slot was made without one."""
+
+    @classmethod
+    def lazy(cls, build: Callable[[], RecordEpisodes]) -> EpisodeSlot:
+        """A slot whose env is built when its first episode begins: a run of N in flight starts
+        its first turns without building N envs first, and builds no env it never uses."""
+        return cls(None, build=build)
+
+    @property
+    def recorder(self) -> RecordEpisodes:
+        """:attr:`env`, built (``begin`` builds it)."""
+        if self.env is None:
+            raise RuntimeError("this slot's env is built by its first begin()")
+        return self.env
 
     def begin(self, task: EpisodeTask) -> None:
         """Reset for ``task`` (its completion budget passed to the env as a reset option); raises
@@ -308,14 +324,18 @@ class EpisodeSlot:
         from tokengym.envs.chat import COMPLETION_BUDGET
 
         self.task, self.episode = task, task.episode
+        if self.env is None:
+            assert self.build is not None, "a slot needs an env or a build"
+            self.env = self.build()  # a factory's failure fails this episode; the next one tries again
+        env = self.env
         options = task.options
         if task.completion_budget is not None:
-            if getattr(self.env.unwrapped, "max_context_tokens", None) is None:
+            if getattr(env.unwrapped, "max_context_tokens", None) is None:
                 raise ValueError(
-                    f"a completion budget needs an env with max_context_tokens; {type(self.env.unwrapped).__name__} has none"
+                    f"a completion budget needs an env with max_context_tokens; {type(env.unwrapped).__name__} has none"
                 )
             options = {**(options or {}), COMPLETION_BUDGET: task.completion_budget}
-        _obs, info = self.env.reset(seed=task.reset_seed, options=options)
+        _obs, info = env.reset(seed=task.reset_seed, options=options)
         self.turn = 0
         self.remaining = reset_record(info).remaining_context
 
@@ -323,18 +343,18 @@ class EpisodeSlot:
     def stream(self) -> list[int]:
         """The context the policy continues next: the recorder's segments, which share the env's
         arrays (the stream is held once, as int64 arrays, not again as a list here)."""
-        return self.env.context_ids()
+        return self.recorder.context_ids()
 
     def params(self, base: SamplingParams) -> SamplingParams:
         """The sampling settings of this slot's next turn."""
         assert self.task is not None, "begin() first"
         seed = int(np.random.SeedSequence([*self.task.seed_key, self.turn]).generate_state(1, dtype=np.uint32)[0])
-        return turn_params(base, self.env.unwrapped, self.remaining, seed)
+        return turn_params(base, self.recorder.unwrapped, self.remaining, seed)
 
     def step(self, gen: Generation) -> Any:
         """``env.step`` with the generation; an exception is returned, not raised."""
         try:
-            return self.env.step(gen.token_ids, logprobs=gen.logprobs, finish_reason=gen.finish_reason)
+            return self.recorder.step(gen.token_ids, logprobs=gen.logprobs, finish_reason=gen.finish_reason)
         except Exception as err:
             return err
 

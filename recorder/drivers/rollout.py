@@ -168,7 +168,13 @@ def rollout(
     record = sampling_record(base, getattr(policy, "name", type(policy).__name__), getattr(policy, "logprob_kind", "none"), seed)
     stats = RolloutStats(requested=len(ids))
     done: list[Trajectory] = []
-    slots = [EpisodeSlot(RecordEpisodes(make_env(), keep=False, sampling=record)) for _ in range(min(concurrency, len(ids)))]
+    def build() -> RecordEpisodes:
+        return RecordEpisodes(make_env(), keep=False, sampling=record)
+
+    # One env now (a factory that cannot build fails the run here, and its kind decides where steps
+    # run); the others as their slots take their first episodes.
+    n_slots = min(concurrency, len(ids))
+    slots = [EpisodeSlot(build()), *(EpisodeSlot.lazy(build) for _ in range(n_slots - 1))] if n_slots else []
     planned = plan_tasks(ids, seed, base, group_size=group_size, tasks=tasks)
     bar = progress_bar(len(ids), progress)
     # A policy sampling here reports each decode step: the bar moves before the first turn is back.
@@ -185,6 +191,8 @@ def rollout(
         stats.wall_s = time.perf_counter() - start
         stats.stuck_envs = sum(s.retired for s in slots)
         for s in sorted(slots, key=lambda s: s.retired):  # a hung step's env last: closing it may free the step
+            if s.env is None:  # never took an episode: never built
+                continue
             try:
                 s.env.close()
             except Exception:

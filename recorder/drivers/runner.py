@@ -130,11 +130,18 @@ class _StepPlace:
                 self.under_way.pop(id(slot), None)
 
     async def begin(self, slot: EpisodeSlot, task: EpisodeTask) -> None:
-        """``slot.begin`` (the env's reset) where the steps run: a reset may wait as a step may."""
-        if self.inline:
-            slot.begin(task)
-        else:
-            await self._threaded(slot, slot.begin, task)
+        """``slot.begin`` (the env's reset, and its build for a lazy slot) where the steps run: a
+        reset may wait as a step may. An env built here that says its steps wait sends the run's
+        steps to worker threads."""
+        fresh = slot.env is None
+        try:
+            if self.inline:
+                slot.begin(task)
+            else:
+                await self._threaded(slot, slot.begin, task)
+        finally:
+            if fresh and slot.env is not None and self.inline and steps_wait(slot.env):
+                self.inline = False
 
     async def __call__(self, slot: EpisodeSlot, gen: Generation) -> Any:
         if not self.inline:
@@ -309,7 +316,7 @@ def drive(
     turn = gate.generate if gate is not None else generate
 
     gc_clock = _GcClock()
-    in_place = _StepPlace(pool, gc_clock, inline=not any(steps_wait(slot.env) for slot in slots))
+    in_place = _StepPlace(pool, gc_clock, inline=not any(steps_wait(slot.env) for slot in slots if slot.env is not None))
 
     async def worker(slot: EpisodeSlot) -> None:
         for task in queue:

@@ -22,7 +22,9 @@ Reported per size: CPU per turn of each (process time, envs built before the tim
 bare loop; inside it for rollout, as a user pays it), CPU per turn of rollout excluding the
 builds, the ratio of rollout to the bare step, the growth of rollout's per-turn CPU from the
 smallest size, resident memory per in-flight episode, and, from one long episode of 128
-turns under tracemalloc, the bytes the driver keeps per context token.
+turns under tracemalloc (logprobs recorded, as a sampling policy gives them), the bytes the
+driver keeps per context token; a second episode with ~15x longer turns splits that into what
+one more context token costs and what one more turn costs whatever its length.
 
 Goals (the cost-of-scale issue), checked; the script exits 1 when one is missed:
 
@@ -63,7 +65,7 @@ def _rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _setup(max_turns: int = TURNS) -> tuple[Any, list[int], Any]:
+def _setup(max_turns: int = TURNS, **env_kwargs: Any) -> tuple[Any, list[int], Any]:
     import gymnasium as gym
 
     from tokengym.envs import load_tokenizer
@@ -72,7 +74,7 @@ def _setup(max_turns: int = TURNS) -> tuple[Any, list[int], Any]:
     tok = load_tokenizer("qwen3")
 
     def make_env() -> Any:
-        return gym.make("tokengym/Calculator-v0", tokenizer=tok, max_turns=max_turns, disable_env_checker=True)
+        return gym.make("tokengym/Calculator-v0", tokenizer=tok, max_turns=max_turns, disable_env_checker=True, **env_kwargs)
 
     env = make_env().unwrapped
     action = env.renderer.encode_action_text(CALL) + list(env.renderer.turn_end_ids)
@@ -143,29 +145,52 @@ def measure(n: int) -> dict[str, Any]:
     }
 
 
-def bytes_per_token() -> dict[str, Any]:
-    """Memory one in-flight episode keeps per context token: tracemalloc after k and 2k turns of one long episode."""
-    from tokengym.policies import SamplingParams
+PAD = "Let me think about it. "
+"""Text before the call in the long-turn episode (x100: ~640 tokens a turn)."""
+
+
+def _kept(words: int) -> tuple[int, int, int]:
+    """(bytes, tokens, context tokens) the second half of one long episode adds, tracemalloc'd;
+    each action is the call after ``words`` times :data:`PAD`, with logprobs, as a sampler gives them."""
+    import numpy as np
+
+    from tokengym.policies import Generation, SamplingParams
     from tokengym.recorder import RecordEpisodes
     from tokengym.recorder.drivers.episodes import EpisodeSlot, plan_tasks
 
-    make_env, action, policy = _setup(max_turns=LONG_TURNS + 1)
-    base = SamplingParams(max_tokens=64)
-    slot = EpisodeSlot(RecordEpisodes(make_env(), keep=False))
-    task = plan_tasks([0], 0, base)[0]
+    make_env, action, _policy = _setup(max_turns=LONG_TURNS + 1, max_context_tokens=10**7)
+    env = make_env()
+    r = env.unwrapped.renderer
+    ids = r.encode_action_text(PAD * words + CALL) + list(r.turn_end_ids) if words else action
+    slot = EpisodeSlot(RecordEpisodes(env, keep=False))
+    slot.begin(plan_tasks([0], 0, SamplingParams(max_tokens=64))[0])
     gc.collect()
     tracemalloc.start()
-    slot.begin(task)
     marks: dict[int, tuple[int, int]] = {}
     for turn in range(1, LONG_TURNS + 1):
-        gen = policy.generate([slot.stream], slot.params(base))[0]
+        gen = Generation(np.array(ids), np.full(len(ids), -0.25, np.float32), "stop")
         assert slot.advance(gen, slot.step(gen)) is None
         if turn in (LONG_TURNS // 2, LONG_TURNS):
             gc.collect()
-            marks[turn] = (tracemalloc.get_traced_memory()[0], len(slot.stream))
+            marks[turn] = (tracemalloc.get_traced_memory()[0], env.unwrapped.num_tokens)
     tracemalloc.stop()
     (m1, t1), (m2, t2) = marks[LONG_TURNS // 2], marks[LONG_TURNS]
-    return {"turns": LONG_TURNS, "tokens": t2, "bytes_per_token": (m2 - m1) / (t2 - t1)}
+    return m2 - m1, t2 - t1, t2
+
+
+def bytes_per_token() -> dict[str, Any]:
+    """Memory one in-flight episode keeps per context token (the issue's workload: 42-token turns),
+    and that split into what a context token costs and what a turn costs whatever its length
+    (from a second episode whose turns are ~15x longer)."""
+    short_b, short_t, tokens = _kept(0)
+    long_b, long_t, _ = _kept(100)
+    turns = LONG_TURNS - LONG_TURNS // 2
+    per_token = (long_b - short_b) / (long_t - short_t)
+    return {
+        "turns": LONG_TURNS, "tokens": tokens, "bytes_per_token": short_b / short_t,
+        "marginal_bytes_per_token": per_token, "bytes_per_turn": (short_b - per_token * short_t) / turns,
+        "long_turn_tokens": long_t / turns,
+    }
 
 
 def main() -> int:
@@ -206,6 +231,9 @@ def main() -> int:
     flat = max(per_turn) / min(per_turn)
     print(f"rollout's CPU per turn from {rows[0]['in_flight']} to {rows[-1]['in_flight']} in flight: highest / lowest {flat:.2f}x")
     print(f"memory kept per context token (one episode of {mem['turns']} turns, {mem['tokens']} tokens): {mem['bytes_per_token']:.1f} B")
+    print(f"  of which: {mem['marginal_bytes_per_token']:.1f} B per context token and {mem['bytes_per_turn']:.0f} B per turn "
+          f"(with turns of {mem['long_turn_tokens']:.0f} tokens: "
+          f"{mem['marginal_bytes_per_token'] + mem['bytes_per_turn'] / mem['long_turn_tokens']:.1f} B per context token)")
 
     at = next((r for r in rows if r["in_flight"] == 1000), rows[-1])
     goals = [

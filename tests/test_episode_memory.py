@@ -1,0 +1,63 @@
+"""What an episode in flight keeps: bytes per context token and per turn, held to a bound.
+
+``benchmarks/scale.py`` measures it against the cost-of-scale goal; this fails when a change
+makes an episode keep more. Two episodes of the calculator on the real Qwen3 tokenizer, with
+logprobs recorded as a sampling policy gives them, one with short turns (a bare call, 42 tokens)
+and one with long ones (the call after some 600 tokens of text): the difference between them
+is what a context token costs, the rest what a turn costs whatever its length.
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import numpy as np
+
+from tokengym.envs import CalculatorEnv
+from tokengym.policies import Generation
+from tokengym.recorder import RecordEpisodes
+from tokengym.recorder.drivers.episodes import EpisodeSlot, plan_tasks
+
+CALL = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * (3 + 4)"}}\n</tool_call>'
+TURNS = 48
+
+BYTES_PER_TOKEN = 24
+"""What one more context token may cost (ids, logprobs, the text they decode to): about 20 now."""
+BYTES_PER_TURN = 5000
+"""What one more turn may cost whatever its length (its records, messages, pieces): about 3,900 now."""
+
+
+def _kept(qwen3, words: int) -> tuple[float, float]:
+    """(bytes, tokens) one more turn adds to an episode in flight, over its second half."""
+    env = CalculatorEnv(qwen3, max_turns=TURNS + 1, max_context_tokens=10**7)
+    slot = EpisodeSlot(RecordEpisodes(env, keep=False))
+    r = env.renderer
+    ids = r.encode_action_text("Let me think about it. " * words + CALL) + list(r.turn_end_ids)
+    slot.begin(plan_tasks([0], 0)[0])
+    gc.collect()
+    tracemalloc.start()
+    try:
+        marks = []
+        for turn in range(1, TURNS + 1):
+            gen = Generation(np.array(ids), np.full(len(ids), -0.25, np.float32), "stop")
+            assert slot.advance(gen, slot.step(gen)) is None
+            if turn in (TURNS // 2, TURNS):
+                gc.collect()
+                marks.append((tracemalloc.get_traced_memory()[0], env.num_tokens))
+    finally:
+        tracemalloc.stop()
+    env.close()
+    (m1, t1), (m2, t2) = marks
+    turns = TURNS - TURNS // 2
+    return (m2 - m1) / turns, (t2 - t1) / turns
+
+
+def test_an_episode_in_flight_keeps_a_bounded_number_of_bytes_per_token_and_per_turn(qwen3):
+    short_b, short_t = _kept(qwen3, 0)
+    long_b, long_t = _kept(qwen3, 100)
+    assert long_t > 10 * short_t
+    per_token = (long_b - short_b) / (long_t - short_t)
+    per_turn = short_b - per_token * short_t
+    assert 0 < per_token <= BYTES_PER_TOKEN, f"{per_token:.1f} B per context token (bound {BYTES_PER_TOKEN})"
+    assert per_turn <= BYTES_PER_TURN, f"{per_turn:.0f} B per turn (bound {BYTES_PER_TURN})"

@@ -32,9 +32,10 @@ from .conformance import (
     is_scheduled,
     next_scheduled,
 )
+from .images import ImageFeatures, StreamImage, VisionProcessor, expand_images, load_image, split_images
 from .near_names import did_you_mean
 from .plain_copy import plain_copy
-from .render import ChatRenderer, Message, TemplateError
+from .render import ChatRenderer, Message, Rendered, TemplateError
 from .step_record import EPISODE_FACTS, RECORD, ClosedBy, ResetRecord, StepRecord, ToolReward
 from .stop_strings import check_stop_strings, ends_with_stop_string
 
@@ -147,6 +148,12 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         require_tools_in_prompt: refuse a template that does not show the tools in the prompt
             (:class:`~tokengym.envs.render.TemplateError` naming the fix); ``False`` when your
             own messages describe them.
+        vision: the model's image side (:class:`~tokengym.envs.images.Qwen2VLVision`): messages
+            (the prompt, user turns, tool results) may then hold image parts,
+            ``{"type": "image", "image": <PIL image | bytes | path | array>}``; each stands in the
+            observation as the placeholder tokens the processor makes for it, and the images of
+            an observation are in ``info["images"]`` (:class:`~tokengym.envs.images.StreamImage`).
+            Without it an image part is an error.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -176,6 +183,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         render_mode: str | None = None,
         require_tools_in_prompt: bool = True,
         history: History = "keep",
+        vision: VisionProcessor | None = None,
     ) -> None:
         if history not in ("keep", "deploy"):
             raise ValueError(f"history must be 'keep' or 'deploy', got {history!r}")
@@ -218,9 +226,18 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self.render_mode = render_mode
         self.observation_space = token_space(self.renderer.vocab_size)
         self.action_space = token_space(self.renderer.vocab_size)
+        if vision is not None and not isinstance(vision, VisionProcessor):
+            raise TypeError(f"vision must be a VisionProcessor (e.g. Qwen2VLVision(tokenizer)), got {type(vision).__name__}")
+        if vision is not None and history == "deploy":
+            raise ValueError("history='deploy' does not take images (vision=...) yet: use history='keep'")
+        self.vision = vision
+        if vision is not None:
+            self._probe_images()
         self._pieces: list[Piece] | None = None
         self._num_tokens = 0
         self._done = False
+        self._images: list[StreamImage] = []
+        self._features_seen: dict[int, tuple[Any, ImageFeatures]] = {}
 
     # ----------------------------------------------------------------- hooks
     def make_prompt(self, options: dict[str, Any]) -> Prompt:
@@ -278,7 +295,11 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         else:
             self._check_options(opts)
             prompt = self.make_prompt(opts)
-        rendered = self.renderer.prompt(prompt.messages, prompt.tools)
+        prompt_messages, images = self._take_images(prompt.messages)
+        rendered = self.renderer.prompt(prompt_messages, prompt.tools)
+        self._images = []
+        if images:
+            rendered = self._with_images(rendered, images, turn=-1, start=0)
         if len(rendered.ids) >= self.max_context_tokens:
             raise ValueError(
                 f"the prompt has {len(rendered.ids)} tokens, which leaves no room under "
@@ -287,7 +308,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self._limit = self.max_context_tokens if budget is None else min(self.max_context_tokens, len(rendered.ids) + budget)
         self._prompt = prompt
         self._tools = prompt.tools
-        self._messages: list[Message] = plain_copy(prompt.messages)
+        self._messages: list[Message] = plain_copy(prompt_messages)
         prompt_ids = frozen_ids(rendered.ids)
         self._pieces = [Piece("prompt", 0, prompt_ids, rendered.text, has_user=True)]
         self._num_tokens = len(rendered.ids)
@@ -299,13 +320,15 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self._structured_at: dict[int, Message] = {}
         record = ResetRecord(plain_copy(prompt.task), len(rendered.ids), self._limit - len(rendered.ids))
         info = {
-            "messages": plain_copy(prompt.messages),
+            "messages": plain_copy(prompt_messages),
             "tools": plain_copy(prompt.tools),
             "task": plain_copy(prompt.task),
             "num_tokens": record.num_tokens,
             "remaining_context": record.remaining_context,
             RECORD: record,
         }
+        if self._images:
+            info["images"] = list(self._images)
         return prompt_ids, info
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
@@ -314,6 +337,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         if self._done:
             raise ResetNeeded("the episode is over; call reset() before step()")
         ids = self.validate_action(action)
+        self._features_seen.clear()
         turn = self._turn
         content_ids, closed_by = self._split_closing(ids)
         text = self.renderer.decode(content_ids)
@@ -354,8 +378,9 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
 
         obs_ids: list[int] | np.ndarray = []
         context_reset = False
+        step_images: list[StreamImage] = []
         if stop_reason is None:
-            new = [dict(m) for m in response.messages]
+            new, images = self._take_images([dict(m) for m in response.messages])
             try:
                 obs_ids, obs_text, start, context_reset = self._observation(new, response.tool_calls, closed_by)
             except TemplateError as err:  # the template refuses what the env answers: the model reads why
@@ -366,6 +391,10 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 if response.message is not None and split is not None:  # the turn's channels, without the calls
                     self._structured_at[at] = {k: v for k, v in split.items() if k != "tool_calls"}
                 obs_ids, obs_text, start, context_reset = self._observation(new, None, closed_by)
+                images = []  # the error message the model reads instead holds none
+            if images:
+                shown = self._with_images(Rendered(obs_text, list(obs_ids)), images, turn=turn, start=start)
+                obs_ids, step_images = shown.ids, self._images[len(self._images) - len(images):]
             if start + len(obs_ids) >= self._limit:
                 stop_reason, obs_ids, context_reset = "context_length", [], False
             else:
@@ -400,7 +429,12 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             episode_facts={k: plain_copy(extra[k]) for k in EPISODE_FACTS if k in extra},
         )
         obs_out = obs_ids if isinstance(obs_ids, np.ndarray) else frozen_ids(obs_ids)
-        return obs_out, reward, terminated, done and not terminated, _step_info(record, assistant, response, extra)
+        info = _step_info(record, assistant, response, extra)
+        if step_images and len(obs_out):
+            info["images"] = step_images
+        elif step_images:  # the observation did not fit: its images are not in the stream
+            del self._images[len(self._images) - len(step_images):]
+        return obs_out, reward, terminated, done and not terminated, info
 
     def render(self) -> str | None:
         """``"ansi"``: the stream's text with segment markers.
@@ -417,6 +451,63 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         )
 
     # ------------------------------------------------------------- internals
+    def _probe_images(self) -> None:
+        """Refuse, when the env is built, a chat template that does not write one placeholder for
+        an image part (a text-only template): every episode would fail at its first image."""
+        assert self.vision is not None
+        probe = [{"role": "user", "content": [{"type": "text", "text": "Look."}, {"type": "image"}]}]
+        try:
+            ids = self.renderer.prompt(probe, None).ids
+        except TemplateError as err:
+            raise ValueError(
+                f"vision=... needs a chat template that renders image parts, and this one cannot render a user message "
+                f"with one ({str(err).splitlines()[0][:200]}): use the model's own VL template (Qwen2-VL, Qwen2.5-VL, "
+                "Qwen3.5: tokengym.envs.template_corpus.corpus_tokenizer('Qwen3.5-4B'))"
+            ) from err
+        found = sum(1 for i in ids if i == self.vision.placeholder_id)
+        if found != 1:
+            raise ValueError(
+                f"vision=... needs a chat template that writes one image placeholder (id {self.vision.placeholder_id}) "
+                f"per image part; this one writes {found}: use the model's own VL template (Qwen2-VL, Qwen2.5-VL, "
+                "Qwen3.5: tokengym.envs.template_corpus.corpus_tokenizer('Qwen3.5-4B'))"
+            )
+
+    def _take_images(self, messages: Sequence[Message]) -> tuple[list[Message], list[Any]]:
+        """``messages`` with their image parts' images taken out (see :func:`split_images`)."""
+        out, images = split_images(messages)
+        if images and self.vision is None:
+            raise ValueError(
+                f"a message holds {len(images)} image part(s), but {type(self).__name__} has no vision processor: "
+                "pass vision=Qwen2VLVision(tokenizer) (tokengym.envs.images) with the model's image settings"
+            )
+        return out, images
+
+    def _with_images(self, rendered: Rendered, images: list[Any], *, turn: int, start: int) -> Rendered:
+        """``rendered`` with each image's placeholder expanded to its processor's count; the
+        images are added to the episode's (``self._images``), their runs placed at ``start`` on."""
+        assert self.vision is not None
+        loaded = [load_image(img) for img in images]
+        features = [self.image_features(img) for img in loaded]
+        ids, offsets = expand_images(
+            rendered.ids, features, self.vision.placeholder_id, turn=turn, first_index=len(self._images)
+        )
+        for img, f, at in zip(loaded, features, offsets, strict=True):
+            self._images.append(StreamImage(
+                img, f, start + at, turn, len(self._images), self.vision.placeholder_id,
+                "prompt" if turn < 0 else "observation",
+            ))
+        self._features_seen.clear()
+        return Rendered(rendered.text, ids, rendered.rewrites_history)
+
+    def image_features(self, image: Any) -> ImageFeatures:
+        """``vision.features(image)``, computed once per image object and turn (a tool env asks
+        first to count the image against the turn's budget, then renders it)."""
+        assert self.vision is not None, "image_features needs vision="
+        seen = self._features_seen.get(id(image))
+        if seen is None or seen[0] is not image:
+            seen = self._features_seen[id(image)] = (image, self.vision.features(image))
+        return seen[1]
+
     def _check_options(self, options: Mapping[str, Any]) -> None:
         known = self.reset_options
         unknown = sorted(set(options) - known) if known is not None else []

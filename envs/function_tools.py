@@ -22,6 +22,7 @@ import copy
 import functools
 import inspect
 import json
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -35,6 +36,8 @@ __all__ = [
     "as_tool",
     "check_arguments",
     "expand_tools",
+    "is_image",
+    "result_content",
     "result_text",
     "tool",
     "tools_of",
@@ -73,6 +76,9 @@ class ToolOutcome:
     status: OutcomeStatus
     content: str
     reward: float = 0.0
+    images: tuple[Any, ...] = ()
+    """Images the tool returned, shown after ``content`` in the tool message (an env with
+    ``vision=`` shows them; see :func:`result_content`)."""
 
     @property
     def ok(self) -> bool:
@@ -461,6 +467,32 @@ def clean_text(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def is_image(value: Any) -> bool:
+    """A PIL image (PIL is imported only by whoever made one)."""
+    image_module = sys.modules.get("PIL.Image")
+    return image_module is not None and isinstance(value, image_module.Image)
+
+
+def result_content(value: Any) -> tuple[str, tuple[Any, ...], float]:
+    """The text, the images and the tool's own reward of a tool's return value.
+
+    A tool may return an image (a PIL image), or a list or tuple of strings and images: the
+    strings are the text (joined by newlines), the images follow it in the tool message. Any
+    other value is :func:`result_text`'s (no images).
+    """
+    reward = 0.0
+    if isinstance(value, ToolResult):
+        reward = float(value.reward)
+        value = value.content
+    if is_image(value):
+        return "", (value,), reward
+    if isinstance(value, (list, tuple)) and any(is_image(v) for v in value):
+        texts = [result_text(v)[0] for v in value if not is_image(v)]
+        return "\n".join(texts), tuple(v for v in value if is_image(v)), reward
+    text, _ = result_text(value)
+    return text, (), reward
 
 
 def result_text(value: Any) -> tuple[str, float]:

@@ -57,6 +57,7 @@ BUILTIN_ENVS = {
     "tokengym/Replay-v0": "tokengym.envs.replay:ReplayEnv",
     "tokengym/Addition-v0": "tokengym.envs.builtin.addition:AdditionEnv",
     "tokengym/Calculator-v0": "tokengym.envs.builtin.calculator:CalculatorEnv",
+    "tokengym/DotCount-v0": "tokengym.envs.builtin.dots:DotCountEnv",
     "tokengym/ToolAddition-v0": "tokengym.envs.builtin.tool_addition:ToolAdditionEnv",
     "tokengym/KeyValue-v0": "tokengym.envs.builtin.keyvalue:KeyValueEnv",
     "tokengym/PythonSandbox-v0": "tokengym.envs.builtin.python_sandbox:PythonSandboxEnv",

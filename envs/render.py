@@ -626,15 +626,29 @@ class ChatRenderer:
                 value = msg.get(field)
                 if isinstance(value, str) and self.has_special_text(value):
                     changed = dict(msg) if changed is None else changed
-                    # Edge whitespace stays outside the placeholder, so templates that strip
-                    # content (Qwen3 lstrips after </think>) treat it as they would the real text.
-                    core = value.strip()
-                    head = value[: len(value) - len(value.lstrip())]
-                    tail = value[len(value.rstrip()) :] if core else ""
-                    changed[field] = head + self._placeholder.format(len(subs)) + tail
-                    subs.append(core)
+                    changed[field] = self._protected(value, subs)
+                elif field == "content" and isinstance(value, list) and any(
+                    isinstance(p, dict) and isinstance(p.get("text"), str) and self.has_special_text(p["text"]) for p in value
+                ):  # content parts (text beside images): each text part as a string content is
+                    changed = dict(msg) if changed is None else changed
+                    changed[field] = [
+                        {**p, "text": self._protected(p["text"], subs)}
+                        if isinstance(p, dict) and isinstance(p.get("text"), str) and self.has_special_text(p["text"])
+                        else p
+                        for p in value
+                    ]
             out.append(changed if changed is not None else msg)
         return out, subs
+
+    def _protected(self, value: str, subs: list[str]) -> str:
+        """``value`` as a placeholder (its core added to ``subs``). Edge whitespace stays outside
+        the placeholder, so templates that strip content (Qwen3 lstrips after </think>) treat it
+        as they would the real text."""
+        core = value.strip()
+        head = value[: len(value) - len(value.lstrip())]
+        tail = value[len(value.rstrip()) :] if core else ""
+        subs.append(core)
+        return head + self._placeholder.format(len(subs) - 1) + tail
 
     def _render_ids(
         self,

@@ -163,6 +163,8 @@ class CallRecord:
     id: str | None = None
     reward: float = 0.0
     truncated: bool = False
+    images: tuple[Any, ...] = ()
+    """Images the tool returned, shown after ``content`` (an env with ``vision=``)."""
 
     @property
     def invalid(self) -> bool:
@@ -174,6 +176,7 @@ class CallRecord:
         return {
             "index": self.index, "status": self.status, "content": self.content, "name": self.name,
             "arguments": plain_copy(self.arguments), "id": self.id, "reward": self.reward, "truncated": self.truncated,
+            **({"images": [list(getattr(im, "size", ())) for im in self.images]} if self.images else {}),
         }
 
 
@@ -428,6 +431,11 @@ class ToolEnv(ChatEnv):
         messages: list[Message] = []
         for r in records:
             msg: Message = {"role": "tool", "content": r.content}
+            if r.images:  # text first, then the images: content parts a vision template renders
+                msg["content"] = [
+                    *([{"type": "text", "text": r.content}] if r.content else []),
+                    *({"type": "image", "image": im} for im in r.images),
+                ]
             if r.id is not None:
                 msg["tool_call_id"] = r.id
             elif self.parser.results_need_ids:
@@ -491,7 +499,7 @@ class ToolEnv(ChatEnv):
                 runnable.append((a.index, a.to_call(cid)))
         outcomes = self.runner.run([c for _, c in runnable], self._tools_by_name)
         for (i, call), out in zip(runnable, outcomes, strict=True):
-            records[i] = CallRecord(i, out.status, out.content, call.name, call.arguments, call.id, out.reward)
+            records[i] = CallRecord(i, out.status, out.content, call.name, call.arguments, call.id, out.reward, images=out.images)
         return [r for r in records if r is not None]
 
     def _count(self, text: str) -> int:
@@ -501,8 +509,9 @@ class ToolEnv(ChatEnv):
         """Each result cut to ``max_result_tokens``; then, if the turn's results together exceed
         ``max_turn_result_tokens``, the longest ones share what is left (water-filling), each cut
         once from its original text."""
+        records = self._fit_images(records)
         cuts = [truncate_middle(r.content, self.max_result_tokens, self._count) for r in records]
-        left = self.max_turn_result_tokens
+        left = self.max_turn_result_tokens - sum(self._image_tokens(r) for r in records)
         # A byte-level tokenizer never makes more tokens than bytes: results within the budget in
         # bytes are within it in tokens, uncounted (a count is a tokenizer call per result).
         if sum(len(text.encode("utf-8", "surrogatepass")) for text, _ in cuts) <= left:
@@ -525,8 +534,43 @@ class ToolEnv(ChatEnv):
     @staticmethod
     def _records(records: list[CallRecord], cuts: list[tuple[str, bool]]) -> list[CallRecord]:
         return [
-            CallRecord(r.index, r.status, text, r.name, r.arguments, r.id, r.reward, cut)
+            CallRecord(r.index, r.status, text, r.name, r.arguments, r.id, r.reward, cut, r.images)
             for r, (text, cut) in zip(records, cuts, strict=True)
         ]
+
+    def _image_tokens(self, record: CallRecord) -> int:
+        vision = self.vision
+        return sum(self.image_features(im).num_tokens for im in record.images) if vision is not None and record.images else 0
+
+    def _fit_images(self, records: list[CallRecord]) -> list[CallRecord]:
+        """Images count against ``max_turn_result_tokens``: those that do not fit (in call order)
+        are left out, and the text says so; images in an env without ``vision=`` are an error
+        that names the fix."""
+        if not any(r.images for r in records):
+            return records
+        if self.vision is None:
+            name = next(r.name for r in records if r.images)
+            raise ValueError(
+                f"the tool {name!r} returned an image, but {type(self).__name__} has no vision processor: pass "
+                "vision=Qwen2VLVision(tokenizer) (tokengym.envs.images) for a vision-language model, or return text"
+            )
+        budget = self.max_turn_result_tokens - MIN_RESULT_TOKENS * len(records)  # text keeps its floor
+        out = []
+        for r in records:
+            kept, dropped = [], 0
+            for im in r.images:
+                n = self.image_features(im).num_tokens
+                if n <= budget:
+                    kept.append(im)
+                    budget -= n
+                else:
+                    dropped += 1
+            if dropped:
+                note = (f"[{dropped} image(s) left out: over this turn's token budget for results "
+                        f"(max_turn_result_tokens={self.max_turn_result_tokens})]")
+                r = CallRecord(r.index, r.status, f"{r.content}\n{note}" if r.content else note, r.name, r.arguments,
+                               r.id, r.reward, r.truncated, tuple(kept))
+            out.append(r)
+        return out
 
 

@@ -47,7 +47,7 @@ from .function_tools import (
     ToolOutcome,
     check_arguments,
     clean_text,
-    result_text,
+    result_content,
 )
 
 __all__ = ["ToolRunner", "abandoned_threads", "unknown_tool_text"]
@@ -228,10 +228,10 @@ class ToolRunner:
                 raise  # the wait itself was interrupted (Ctrl-C in the caller): not the tool's failure
             return ToolOutcome("error", _error_text(name, err))
         try:
-            text, reward = result_text(value)
+            text, images, reward = result_content(value)
         except Exception as err:  # a result whose str() fails
             return ToolOutcome("error", f"Error: {name} returned a result that cannot be shown as text ({type(err).__name__}).")
-        return ToolOutcome("ok", text, reward)
+        return ToolOutcome("ok", text, reward, images)
 
     def run(
         self, calls: Sequence[ToolCall], tools: Mapping[str, Tool] | Sequence[Tool]

@@ -11,6 +11,7 @@ from typing import Any
 
 from .base import FinishReason, Generation, LogprobKind, Policy, SamplingParams, StreamsTokens, TokenListener, agenerate
 from .hf import HFPolicy
+from .hf_vision import HFVisionPolicy
 from .openai_server import OpenAIServerPolicy
 from .scripted import ScriptedPolicy, scripted_replies
 from .vllm import AsyncVLLMPolicy, VLLMPolicy  # vllm itself is imported only when one is built
@@ -20,6 +21,7 @@ __all__ = [
     "FinishReason",
     "Generation",
     "HFPolicy",
+    "HFVisionPolicy",
     "LogprobKind",
     "OpenAIServerPolicy",
     "Policy",

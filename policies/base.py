@@ -19,7 +19,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 
 __all__ = [
-    "FinishReason", "Generation", "LogprobKind", "Policy", "SamplingParams", "StreamsTokens", "TokenListener", "finish_reason",
+    "FinishReason", "Generation", "LogprobKind", "Policy", "SamplingParams", "StreamsTokens", "TokenListener",
+    "VisionContext", "context_images", "finish_reason",
 ]
 
 FinishReason = Literal["stop", "stop_string", "length"]
@@ -148,6 +149,23 @@ def per_request(sampling: SamplingParams | Sequence[SamplingParams], n: int) -> 
     if len(out) != n:
         raise ValueError(f"{len(out)} sampling settings for {n} contexts")
     return out
+
+
+class VisionContext(list):  # type: ignore[type-arg]
+    """A context's token ids with the images whose placeholder runs they hold
+    (:class:`tokengym.envs.images.StreamImage`, offsets into these ids). A policy that reads only
+    text refuses it (the request batcher asks ``policy.sees_images``), never drops the images."""
+
+    images: tuple[Any, ...]
+
+    def __init__(self, ids: Sequence[int], images: Sequence[Any]) -> None:
+        super().__init__(ids)
+        self.images = tuple(images)
+
+
+def context_images(context: Any) -> tuple[Any, ...]:
+    """The images of a context (none for plain token ids)."""
+    return getattr(context, "images", ())
 
 
 def check_contexts(contexts: Sequence[Sequence[int]], max_model_len: int | None = None) -> list[list[int]]:

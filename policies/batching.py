@@ -87,6 +87,14 @@ class RequestBatcher:
         """One request's generation. Requests that arrive while the policy is busy go together."""
         import asyncio
 
+        images = getattr(context, "images", ())
+        if images and not getattr(self.policy, "sees_images", False):
+            name = getattr(self.policy, "name", type(self.policy).__name__)
+            raise ValueError(
+                f"the context holds {len(images)} image(s), but the policy {name} reads text only: use a "
+                "vision-language policy (tokengym.policies.HFVisionPolicy), or an env without image parts"
+            )
+
         self.requests += 1
         self._waiting += 1
         self.peak = max(self.peak, self._waiting)

@@ -38,7 +38,7 @@ from .advantages import (  # GRPO's groups and advantages, re-exported where the
     grpo_advantages,
 )
 from .segments import SegmentKind
-from .trajectory import Trajectory, require_trajectories
+from .trajectory import Trajectory, refuse_images, require_trajectories
 
 if TYPE_CHECKING:  # torch is imported by the layouts that build tensors, not by readers of a store
     import torch
@@ -279,6 +279,7 @@ def to_verl(
     import torch
 
     require_trajectories(trajs)
+    refuse_images(trajs, "to_verl")
     present = logprobs_present(trajs)
     _warn_missing_logprobs(present, "verl")
     if overlong not in ("error", "truncate"):
@@ -442,6 +443,7 @@ def to_trl(trajs: Sequence[Trajectory]) -> dict[str, list[list[int]] | list[list
     only on what the policy produced; ``logprobs`` is aligned to the completion, 0.0 where none.
     """
     require_trajectories(trajs)
+    refuse_images(trajs, "to_trl")
     _warn_missing_logprobs(logprobs_present(trajs), "TRL")
     out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
     for t in trajs:
@@ -513,6 +515,7 @@ def to_packed(
     import torch
 
     require_trajectories(trajs)
+    refuse_images(trajs, "to_packed")
     present = logprobs_present(trajs)
     _warn_missing_logprobs(present, "packed")
     adv = _per_traj_advantages(advantages, len(trajs))

@@ -57,6 +57,9 @@ class Trajectory:
     conformance: list[dict[str, Any]] = field(default_factory=list)
     sampling: dict[str, Any] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    images: list[Any] = field(default_factory=list)
+    """The images in this row's stream (:class:`tokengym.envs.images.StreamImage`: each one's
+    placeholder run is ``token_ids[offset : offset + num_tokens]``)."""
 
     def __post_init__(self) -> None:
         segs = self.segments
@@ -80,6 +83,10 @@ class Trajectory:
                 f"action turns must be 0, 1, 2, ... (or k, k+1, ... in a later sequence of an episode, whose "
                 f"prompt segment has turn k); got {turns}"
             )
+        if self.images:
+            from tokengym.envs.images import check_image_runs
+
+            check_image_runs(self.token_ids, self.images, where=f"a trajectory of {self.env_id or 'an env'}")
 
     # ------------------------------------------------------------ structure
     @property
@@ -196,3 +203,16 @@ def require_trajectories(trajs: Sequence[Trajectory]) -> None:
     """Refuse an empty batch by name: a trainer fed nothing should hear why, not get empty tensors."""
     if len(trajs) == 0:
         raise ValueError("no trajectories to batch: pass a non-empty list (env.trajectories of RecordEpisodes, rollout(...).trajectories or read_trajectories(DIR))")
+
+
+def refuse_images(trajs: Sequence[Trajectory], what: str) -> None:
+    """Refuse trajectories that hold images where ``what`` cannot carry them yet (by name: a
+    layout or a store that dropped the pixels would train a VLM on placeholders alone)."""
+    with_images = [i for i, t in enumerate(trajs) if t.images]
+    if with_images:
+        n = sum(len(trajs[i].images) for i in with_images)
+        raise ValueError(
+            f"{len(with_images)} of the {len(trajs)} trajectories hold images ({n} in all; the first is #{with_images[0]}), "
+            f"and {what} does not carry images yet: a teacher-forced pass needs each trajectory's images "
+            "(traj.images: pixel values and grids) beside its token ids"
+        )

@@ -69,6 +69,7 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         self.sampling = dict(sampling) if sampling else None
         self.trajectories: list[Trajectory] = []
         self._segments: list[Segment] | None = None
+        self._images: list[Any] = []
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -81,6 +82,7 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         self._conformance: list[Conformance] = []  # as the env gave them; dicts only when a row is made
         self._task = reset_record(info).task
         self._tool_rewards: list[ToolReward] = []
+        self._images: list[Any] = list(info.get("images") or ())
         return obs, info
 
     def step(
@@ -107,6 +109,10 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         ids = kept
         self._segments.append(Segment(SegmentKind.ACTION, ids, turn, logprobs=logprobs, reward=float(reward), finish_reason=finish_reason))
         reset = record.context_reset and not (terminated or truncated)
+        if info.get("images"):
+            if reset:
+                raise ValueError("a new context mid-episode (history='deploy') with images is not recorded yet")
+            self._images.extend(info["images"])
         if reset:  # history="deploy": the next context is not an extension of this one; a new row
             self._sequences.append(self._trajectory(record, False, False, "context_reset"))
             self._segments = [Segment(SegmentKind.PROMPT, _kept(obs), turn + 1)]
@@ -162,15 +168,23 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
             conformance=[c.as_dict() for c in self._conformance],
             sampling=self.sampling,
             metadata=metadata,
+            images=list(self._images),
         )
         return traj
 
     def context_ids(self) -> list[int]:
         """The token ids of the episode's current context, what the policy continues next: the
-        recorded segments' ids (shared with the env where it keeps read-only arrays), joined."""
+        recorded segments' ids (shared with the env where it keeps read-only arrays), joined;
+        with the images they hold, when there are any (a
+        :class:`~tokengym.policies.base.VisionContext`)."""
         if self._segments is None:
             raise ResetNeeded("no episode is under way: call reset() first")
-        return np.concatenate([s.token_ids for s in self._segments]).tolist()
+        ids = np.concatenate([s.token_ids for s in self._segments]).tolist()
+        if self._images:
+            from tokengym.policies.base import VisionContext
+
+            return VisionContext(ids, self._images)
+        return ids
 
     def pop_trajectories(self) -> list[Trajectory]:
         """Finished trajectories since the last call; the list is emptied."""

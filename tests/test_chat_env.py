@@ -47,6 +47,14 @@ def play(env, actions_for):
 
 @pytest.mark.parametrize("env_id", tokengym.envs.registered_envs())
 def test_check_env_on_every_registered_env(env_id, tokenizer):
+    from gymnasium.envs.registration import load_env_creator
+
+    if getattr(load_env_creator(gym.spec(env_id).entry_point), "needs_vision", False):
+        from tokengym.envs.template_corpus import corpus_tokenizer
+
+        with pytest.raises(ValueError, match="needs a chat template that (renders|writes one) image"):
+            gym.make(env_id, tokenizer=tokenizer)  # a text template is refused when the env is built
+        tokenizer, _ = corpus_tokenizer("Qwen3.5-4B")  # a template that renders image parts
     env = gym.make(env_id, tokenizer=tokenizer)
     check_env(env.unwrapped)
     env.close()

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..stopping import uninterrupted
-from ..trajectory import Trajectory
+from ..trajectory import Trajectory, refuse_images
 from .episode_log import encode_row, log_header
 from .errors import DiskFullError, StoreError, StoreWarning
 from .files import atomic_write, fsync_dir, file_index, log_name, shard_name
@@ -200,6 +200,8 @@ class TrajectoryWriter:
             raise StoreError(f"{self.directory}: the writer is closed")
         if not isinstance(trajectory, Trajectory):
             raise TypeError(f"expected a Trajectory, got {type(trajectory).__name__}")
+        if trajectory.images:
+            refuse_images([trajectory], "the store (schema version without images)")
         row = self._row(trajectory)
         record = encode_row(row)
         with self._mutex, uninterrupted():  # a stop signal waits until the bookkeeping is done

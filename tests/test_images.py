@@ -1,0 +1,287 @@
+"""Images in the token stream, on real parts: the Qwen3 tokenizer with Qwen3.5's own chat template
+from the pinned corpus (it renders image parts), transformers' own Qwen2-VL image processor, and
+a tiny random Qwen2-VL built from a config (its vision tower and M-RoPE are the real model's)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+from PIL import Image
+
+from tiny_qwen2_vl import tiny_qwen2_vl
+from tokengym.envs import ToolEnv
+from tokengym.envs.builtin.dots import DotCountEnv, draw_dots
+from tokengym.envs.chat import ChatEnv, EnvResponse, Prompt
+from tokengym.envs.images import ImageTokenMismatch, Qwen2VLVision, StreamImage, load_image
+from tokengym.envs.template_corpus import corpus_tokenizer
+from tokengym.policies import Generation, HFVisionPolicy, SamplingParams, ScriptedPolicy
+from tokengym.policies.base import context_images
+from tokengym.recorder import RecordEpisodes, rollout
+
+NO_THINK = {"enable_thinking": False}
+ZOOM = (
+    "<tool_call>\n<function=zoom>\n<parameter=x>\n{x}\n</parameter>\n<parameter=y>\n10\n</parameter>\n"
+    "<parameter=width>\n40\n</parameter>\n<parameter=height>\n40\n</parameter>\n</function>\n</tool_call><|im_end|>"
+)
+
+
+@pytest.fixture(scope="module")
+def vl_tok():
+    tok, _ = corpus_tokenizer("Qwen3.5-4B")
+    return tok
+
+
+@pytest.fixture(scope="module")
+def vision(vl_tok):
+    return Qwen2VLVision(vl_tok, min_pixels=56 * 56, max_pixels=112 * 112)
+
+
+@pytest.fixture(scope="module")
+def vlm(vl_tok):
+    return tiny_qwen2_vl(vl_tok)
+
+
+def picture(seed: int, h: int = 60, w: int = 90) -> Image.Image:
+    return Image.fromarray((np.random.default_rng(seed).random((h, w, 3)) * 255).astype("uint8"))
+
+
+def ids_of(tok, text: str) -> np.ndarray:
+    return np.array(tok.encode(text, add_special_tokens=False))
+
+
+class Look(ChatEnv):
+    """A user shows a picture with a question; each turn the user shows another."""
+
+    def make_prompt(self, options):
+        return Prompt([{"role": "user", "content": [
+            {"type": "text", "text": "What is this? <|im_end|>"}, {"type": "image", "image": picture(1)},
+        ]}])
+
+    def respond(self, turn):
+        return EnvResponse([{"role": "user", "content": [
+            {"type": "image", "image": picture(turn.turn + 2, 56, 56)}, {"type": "text", "text": "And this?"},
+        ]}])
+
+
+# ------------------------------------------------------------------ the env side
+def test_an_image_stands_as_the_processors_count_of_placeholders(vl_tok, vision):
+    env = Look(vl_tok, vision=vision, max_turns=3, template_kwargs=NO_THINK)
+    obs, info = env.reset(seed=0)
+    (img,) = info["images"]
+    want = vision.features(picture(1))
+    assert img.features.grid_thw == want.grid_thw and img.num_tokens == want.num_tokens == np.prod(want.grid_thw) // 4
+    pad = vision.placeholder_id
+    assert obs[img.offset : img.offset + img.num_tokens].tolist() == [pad] * img.num_tokens
+    assert int(np.sum(obs == pad)) == img.num_tokens
+    assert obs[img.offset - 1] == vl_tok.convert_tokens_to_ids("<|vision_start|>")
+    # the user's "<|im_end|>" is text from the env, not a control token, inside content parts too
+    assert int(np.sum(obs == vl_tok.convert_tokens_to_ids("<|im_end|>"))) == 1
+
+    obs2, _, _, _, info2 = env.step(ids_of(vl_tok, "A picture.<|im_end|>"))
+    (img2,) = info2["images"]
+    assert img2.turn == 0 and img2.index == 1 and img2.source == "observation"
+    start = env.num_tokens - len(obs2)
+    assert img2.offset - start >= 0 and obs2[img2.offset - start : img2.offset - start + img2.num_tokens].tolist() == [pad] * img2.num_tokens
+    assert info2["conformance"].status in ("ok", "known")  # the whole render writes one placeholder per image too
+
+
+def test_an_image_env_passes_gymnasiums_checker(vl_tok, vision):
+    check_env(Look(vl_tok, vision=vision, max_turns=3, template_kwargs=NO_THINK), skip_render_check=True)
+
+
+def test_an_image_without_a_vision_processor_is_an_error_that_names_the_fix(vl_tok):
+    with pytest.raises(ValueError, match=r"1 image part\(s\).*no vision processor: pass vision=Qwen2VLVision"):
+        Look(vl_tok, max_turns=2).reset(seed=0)
+
+
+def test_a_template_that_drops_images_is_refused_when_the_env_is_built(vision):
+    tok, _ = corpus_tokenizer("HuggingFaceTB-SmolLM3-3B")  # renders the text parts of a message, not its images
+    with pytest.raises(ValueError, match=r"writes one image placeholder \(id 151655\) per image part; this one writes 0"):
+        Look(tok, vision=vision, max_turns=2)
+    qwen3 = corpus_tokenizer("Qwen-Qwen3-0.6B")[0]  # cannot render content parts at all
+    with pytest.raises(ValueError, match=r"cannot render a user message with one"):
+        Look(qwen3, vision=vision, max_turns=2)
+
+
+def test_placeholders_that_disagree_with_the_images_name_the_turn(vision):
+    from tokengym.envs.images import expand_images
+
+    f = vision.features(picture(1))
+    pad = vision.placeholder_id
+    ids, offsets = expand_images([7, pad, 8, pad, 9], [f, f], pad, turn=2)
+    assert offsets == [1, 2 + f.num_tokens] and ids.count(pad) == 2 * f.num_tokens and ids[-1] == 9
+    with pytest.raises(ImageTokenMismatch, match=r"turn 3's observation has 2 image\(s\) \(#4..#5\) but the chat template wrote 1"):
+        expand_images([7, pad, 8], [f, f], pad, turn=3, first_index=4)
+
+
+def test_image_parts_take_pil_bytes_paths_and_arrays_and_refuse_the_rest(tmp_path):
+    import io
+
+    img = picture(3)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    path = tmp_path / "p.png"
+    path.write_bytes(buf.getvalue())
+    for value in (img, buf.getvalue(), str(path), path, np.asarray(img)):
+        assert np.array_equal(np.asarray(load_image(value)), np.asarray(img))
+    for bad, match in ((b"not a png", "not an image PIL can read"), (str(tmp_path / "missing.png"), "not a file"),
+                       (np.zeros((4, 4)), r"\(H, W, 3\) uint8"), (3.5, "holds a float")):
+        with pytest.raises(ValueError, match=match):
+            load_image(bad)
+
+
+def crop_tool(big):
+    def crop(x: int, y: int) -> object:
+        """Crop a 56x56 region.
+
+        Args:
+            x: left edge
+            y: top edge
+        """
+        return ["the region:", big.crop((x, y, x + 56, y + 56))]
+
+    return crop
+
+
+class Crops(ToolEnv):
+    def task_messages(self, task):
+        return [{"role": "user", "content": [{"type": "image", "image": picture(7, 112, 112)}, {"type": "text", "text": "Count."}]}]
+
+
+def test_a_tool_that_returns_an_image_shows_it_in_the_tool_message(vl_tok, vision):
+    env = Crops(vl_tok, tasks=[{"id": "t"}], tools=[crop_tool(picture(7, 112, 112))], vision=vision, max_turns=3,
+                template_kwargs=NO_THINK)
+    env.reset(seed=0)
+    call = "<tool_call>\n<function=crop>\n<parameter=x>\n10\n</parameter>\n<parameter=y>\n20\n</parameter>\n</function>\n</tool_call><|im_end|>"
+    obs, _, _, _, info = env.step(ids_of(vl_tok, call))
+    (img,) = info["images"]
+    assert info["tool_results"][0]["images"] == [[56, 56]] and img.num_tokens == vision.features(img.image).num_tokens
+    text = vl_tok.decode(obs)
+    assert "<tool_response>\nthe region:<|vision_start|><|image_pad|>" in text
+    assert info["conformance"].status in ("ok", "known")
+
+
+def test_tool_images_count_against_the_turns_budget_and_those_over_it_are_said(vl_tok, vision):
+    env = Crops(vl_tok, tasks=[{"id": "t"}], tools=[crop_tool(picture(7, 112, 112))], vision=vision, max_turns=3,
+                template_kwargs=NO_THINK, max_turn_result_tokens=64, max_result_tokens=64)
+    env.reset(seed=0)
+    call = "<tool_call>\n<function=crop>\n<parameter=x>\n10\n</parameter>\n<parameter=y>\n20\n</parameter>\n</function>\n</tool_call>"
+    # four calls of one turn: 4 images of 4 tokens each fit in 64 - 4 * 32 (text floors)? no: only what fits is shown
+    obs, _, _, _, info = env.step(ids_of(vl_tok, "\n".join([call] * 4) + "<|im_end|>"))
+    shown = len(info.get("images", []))
+    results = info["tool_results"]
+    dropped = [r for r in results if "left out: over this turn's token budget" in r["content"]]
+    assert shown + len(dropped) == 4 and dropped, results
+
+
+def test_a_tool_image_in_a_text_env_is_an_error_that_names_the_fix(vl_tok):
+    env = ToolEnv(vl_tok, tasks=[{"id": "t", "prompt": "Count."}], tools=[crop_tool(picture(7, 112, 112))], max_turns=3,
+                  template_kwargs=NO_THINK)
+    env.reset(seed=0)
+    call = "<tool_call>\n<function=crop>\n<parameter=x>\n1\n</parameter>\n<parameter=y>\n2\n</parameter>\n</function>\n</tool_call><|im_end|>"
+    with pytest.raises(ValueError, match=r"tool 'crop' returned an image.*no vision processor"):
+        env.step(ids_of(vl_tok, call))
+
+
+# ------------------------------------------------------------------ recorded, and the law
+class ZoomFirst:
+    """Turn 0 zooms (teacher-forced: its logprobs are the model's for those tokens); later turns sample."""
+
+    sees_images = True
+    continuous_batching = False
+    logprob_kind = "raw"
+
+    def __init__(self, policy: HFVisionPolicy, tok) -> None:
+        self.policy, self.tok, self.name = policy, tok, "zoom-first"
+
+    def generate(self, contexts, params):
+        out = []
+        for c, p in zip(contexts, params if isinstance(params, list) else [params] * len(contexts)):
+            if len(context_images(c)) == 1:  # only the prompt's picture: zoom
+                call = self.tok.encode(ZOOM.format(x=5 + len(c) % 20), add_special_tokens=False)
+                full = [*c, *call]
+                with torch.no_grad():
+                    logits = self.policy.model(**self.policy.model_inputs(full, context_images(c))).logits[0].float()
+                lp = torch.log_softmax(logits, -1)[torch.arange(len(c) - 1, len(full) - 1), torch.as_tensor(call)]
+                out.append(Generation(np.array(call), lp.numpy(), "stop"))
+            else:
+                out.append(self.policy.generate([c], [p])[0])
+        return out
+
+
+def recomputed(policy: HFVisionPolicy, traj) -> np.ndarray:
+    """Teacher-forced logprobs of every token of ``traj`` after the first, with its images."""
+    ids = traj.token_ids
+    with torch.no_grad():
+        logits = policy.model(**policy.model_inputs(ids.tolist(), traj.images)).logits[0].float()
+    return torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.as_tensor(ids[1:])].numpy()
+
+
+def test_the_law_holds_with_images_in_the_prompt_and_from_a_tool(vl_tok, vlm):
+    policy = HFVisionPolicy(vlm, vl_tok)
+    res = rollout(
+        lambda: DotCountEnv(vl_tok, max_turns=3, template_kwargs=NO_THINK), ZoomFirst(policy, vl_tok), episodes=3,
+        concurrency=3, sampling=SamplingParams(max_tokens=10, temperature=1.0), seed=2, progress=False,
+    )
+    assert res.stats.failed == 0, res.stats.errors
+    for traj in res.trajectories:
+        assert len(traj.images) >= 2 and {i.source for i in traj.images} == {"prompt", "observation"}
+        mask = traj.mask[1:].astype(bool)
+        assert mask.sum() > 20
+        diff = np.abs(recomputed(policy, traj)[mask] - traj.logprobs[1:][mask])
+        assert diff.max() < 1e-4, diff.max()
+
+
+def test_an_image_whose_count_the_model_would_not_make_is_refused_naming_it(vl_tok):
+    wrong = Qwen2VLVision(vl_tok, min_pixels=56 * 56, max_pixels=112 * 112, merge_size=1)  # the model merges 2x2
+    policy = HFVisionPolicy(tiny_qwen2_vl(vl_tok), vl_tok)
+    res = rollout(lambda: DotCountEnv(vl_tok, vision=wrong, max_turns=2, template_kwargs=NO_THINK), policy,
+                  episodes=1, sampling=SamplingParams(max_tokens=4), progress=False)
+    assert res.stats.failed == 1
+    assert "image #0 (the prompt) stands as" in str(res.stats.errors[0]) and "spatial merge 2" in str(res.stats.errors[0])
+
+
+def test_a_text_policy_refuses_a_context_with_images(vl_tok):
+    res = rollout(lambda: DotCountEnv(vl_tok, max_turns=2, template_kwargs=NO_THINK),
+                  ScriptedPolicy(lambda c: [vl_tok.convert_tokens_to_ids("<|im_end|>")]), episodes=1, progress=False)
+    assert res.stats.failed == 1 and "reads text only" in str(res.stats.errors[0])
+
+
+def test_a_trajectory_whose_image_runs_disagree_with_its_stream_is_refused(vl_tok, vision):
+    rec = RecordEpisodes(Look(vl_tok, vision=vision, max_turns=1, template_kwargs=NO_THINK))
+    rec.reset(seed=0)
+    *_, info = rec.step(ids_of(vl_tok, "A picture.<|im_end|>"))
+    traj = info["trajectory"]
+    assert len(traj.images) == 1
+    img = traj.images[0]
+    moved = StreamImage(img.image, img.features, img.offset + 1, img.turn, img.index, img.placeholder_id)
+    with pytest.raises(ImageTokenMismatch, match=r"image #0 \(the prompt\)"):
+        type(traj)(segments=traj.segments, images=[moved])
+
+
+def test_the_dot_env_grades_from_the_seed(vl_tok):
+    env = DotCountEnv(vl_tok, max_turns=2, template_kwargs=NO_THINK)
+    _, info = env.reset(seed=0, options={"picture_seed": 11})
+    picture_11, dots = draw_dots(11)
+    assert info["task"]["answer"] == len(dots) and np.array_equal(np.asarray(info["images"][0].image), np.asarray(picture_11))
+    _, wrong, *_ = env.step(ids_of(vl_tok, f"<answer>{len(dots) + 1}</answer><|im_end|>"))
+    env.reset(seed=0, options={"picture_seed": 11})
+    _, right, *_ = env.step(ids_of(vl_tok, f"<answer>{len(dots)}</answer><|im_end|>"))
+    assert (right, wrong) == (1.0, 0.0)
+
+
+def test_layouts_and_the_store_refuse_trajectories_with_images_by_name(vl_tok, vision, tmp_path):
+    from tokengym.recorder import TrajectoryWriter, to_packed, to_trl, to_verl
+
+    rec = RecordEpisodes(Look(vl_tok, vision=vision, max_turns=1, template_kwargs=NO_THINK))
+    rec.reset(seed=0)
+    *_, info = rec.step(ids_of(vl_tok, "A picture.<|im_end|>"))
+    traj = info["trajectory"]
+    for layout in (to_verl, to_packed, to_trl):
+        with pytest.raises(ValueError, match=rf"1 of the 1 trajectories hold images.*{layout.__name__} does not carry images"):
+            layout([traj])
+    with TrajectoryWriter(tmp_path / "store", tokenizer=vl_tok) as writer:
+        with pytest.raises(ValueError, match="the store .* does not carry images"):
+            writer.write(traj)

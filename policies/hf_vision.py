@@ -24,7 +24,7 @@ import numpy as np
 from .base import Generation, SamplingParams, context_images, per_request
 from .hf import HFPolicy
 
-__all__ = ["HFVisionPolicy", "vision_inputs"]
+__all__ = ["HFVisionPolicy", "mrope_positions", "vision_inputs"]
 
 
 def vision_inputs(images: Sequence[Any], *, merge_size: int) -> dict[str, Any]:
@@ -128,3 +128,23 @@ class HFVisionPolicy(HFPolicy):
             if self._token_types:
                 inputs["mm_token_type_ids"] = torch.zeros_like(step)
         return Generation(np.array(out_ids), np.array(out_lp), finish or "length", self.logprob_kind)  # type: ignore[arg-type]
+
+
+def mrope_positions(model: Any) -> Any:
+    """The model's own multimodal rotary positions of a padded row, as ``to_verl(...,
+    rope_index=...)`` takes them: ``(input_ids [1, W], attention_mask [1, W], image_grid_thw)
+    -> [3, 1, W]`` through the model's ``get_rope_index`` (what verl binds to the processor)."""
+    inner = getattr(model, "model", model)
+    get_rope_index = getattr(inner, "get_rope_index", None)
+    if get_rope_index is None:
+        raise TypeError(f"{type(model).__name__} has no get_rope_index: not an M-RoPE vision-language model")
+    image_token_id = int(model.config.image_token_id)
+
+    def positions(input_ids: Any, attention_mask: Any, image_grid_thw: Any) -> Any:
+        types = (input_ids == image_token_id).int()
+        out, _ = get_rope_index(
+            input_ids=input_ids, mm_token_type_ids=types, image_grid_thw=image_grid_thw, attention_mask=attention_mask
+        )
+        return out
+
+    return positions

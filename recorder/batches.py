@@ -22,7 +22,7 @@ Conventions shared by all layouts:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -250,6 +250,7 @@ def to_verl(
     pad_token_id: int = 0,
     advantages: Sequence[float] | np.ndarray | None = None,
     out: BatchBuffers | None = None,
+    rope_index: RopeIndex | None = None,
 ) -> VerlBatch:
     """Lay trajectories out as verl's agent loop does: left-padded prompts, right-padded responses.
 
@@ -271,6 +272,13 @@ def to_verl(
         out: buffers to write the batch into, reused across calls (:class:`BatchBuffers`): a
             trainer's fresh batch each step then costs what a call into warm memory does. The
             tensors are views of them, overwritten by the next call with the same ``out``.
+        rope_index: for trajectories with images (a vision-language policy's): the model's own
+            multimodal rotary positions, ``tokengym.policies.hf_vision.mrope_positions(model)``.
+            The batch then has what verl's post-processing writes for such a model:
+            ``position_ids`` [B, 4, P+R] (text positions, then the three M-RoPE rows) and the
+            non-tensor ``multi_modal_inputs`` (per row: ``pixel_values``, ``image_grid_thw``,
+            ``images_seqlens``, from the features recorded with each image: nothing is
+            re-tokenized or re-processed).
 
     Rewards of turns whose last action token was cut land on the last kept action token
     (or the last kept token if no action token survives), so each row still sums to the
@@ -279,7 +287,12 @@ def to_verl(
     import torch
 
     require_trajectories(trajs)
-    refuse_images(trajs, "to_verl")
+    vision = any(t.images for t in trajs)
+    if vision and rope_index is None:
+        raise ValueError(
+            "these trajectories hold images: to_verl needs the model's multimodal positions, "
+            "rope_index=tokengym.policies.hf_vision.mrope_positions(model)"
+        )
     present = logprobs_present(trajs)
     _warn_missing_logprobs(present, "verl")
     if overlong not in ("error", "truncate"):
@@ -386,6 +399,10 @@ def to_verl(
         else:
             _place_rewards(t, i, pl, n, rewards, response_mask)
 
+    multi_modal: list[dict[str, Any]] | None = None
+    if vision:
+        assert rope_index is not None
+        position_ids, multi_modal = _vision_rows(trajs, p_lens, r_lens, P, input_ids, attention, rope_index, out)
     tensors = {
         "prompts": torch.from_numpy(prompts),
         "responses": torch.from_numpy(responses),
@@ -413,7 +430,57 @@ def to_verl(
         "truncated_to_fit": _object_array(truncated),
         "logprobs_present": _object_array(present.tolist()),
     }
+    if multi_modal is not None:
+        non_tensors["multi_modal_inputs"] = _object_array(multi_modal)
     return VerlBatch(tensors=tensors, non_tensors=non_tensors)
+
+
+RopeIndex = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor | None"], "torch.Tensor"]
+"""``(input_ids [1, W], attention_mask [1, W], image_grid_thw [N, 3] or None) -> positions [3, 1, W]``:
+a vision-language model's multimodal rotary positions of one padded row (Qwen2-VL's
+``get_rope_index``; :func:`tokengym.policies.hf_vision.mrope_positions` wraps it)."""
+
+
+def _vision_rows(
+    trajs: Sequence[Trajectory], p_lens: list[int], r_lens: list[int], P: int, input_ids: np.ndarray,
+    attention: np.ndarray, rope_index: RopeIndex, out: BatchBuffers | None,
+) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """The [B, 4, W] position ids and the per-row multimodal inputs of a batch with images, as
+    verl's post-processing writes them for an M-RoPE model: row 0 the text positions (1 on
+    padding, 0, 1, ... on real tokens), rows 1-3 the model's own multimodal positions. An image
+    whose run a truncation cut is an error; one the cut dropped whole leaves the row with it."""
+    import torch
+
+    B, W = input_ids.shape
+    pos = out.take("position_ids_mrope", (B, 4, W), np.int64, 1) if out is not None else np.ones((B, 4, W), np.int64)
+    rows: list[dict[str, Any]] = []
+    for i, t in enumerate(trajs):
+        start = P - p_lens[i]
+        n = int(attention[i].sum())
+        kept = []
+        for img in t.images:
+            if img.offset + img.num_tokens <= n:
+                kept.append(img)
+            elif img.offset < n:
+                raise ValueError(
+                    f"trajectory {i}: the cut at response_length leaves {n - img.offset} of the {img.num_tokens} "
+                    f"placeholder tokens of image #{img.index}: an image is kept whole or not at all; raise response_length"
+                )
+        pos[i, 0, start : start + n] = np.arange(n)
+        ids = torch.from_numpy(input_ids[i : i + 1])
+        mask = torch.from_numpy(attention[i : i + 1])
+        grid = torch.as_tensor([list(im.features.grid_thw) for im in kept], dtype=torch.long) if kept else None
+        if kept:
+            pos[i, 1:] = rope_index(ids, mask, grid)[:, 0].numpy()
+            rows.append({
+                "pixel_values": torch.from_numpy(np.concatenate([im.features.pixel_values for im in kept])),
+                "image_grid_thw": grid,
+                "images_seqlens": torch.repeat_interleave(grid[:, 1] * grid[:, 2], grid[:, 0]),
+            })
+        else:  # text alone: the three rows are the text positions
+            pos[i, 1:, start : start + n] = np.arange(n)
+            rows.append({})
+    return pos, rows
 
 
 def from_verl(batch: VerlBatch | Mapping[str, torch.Tensor]) -> list[TokenView]:

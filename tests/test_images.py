@@ -219,14 +219,9 @@ def recomputed(policy: HFVisionPolicy, traj) -> np.ndarray:
     return torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.as_tensor(ids[1:])].numpy()
 
 
-def test_the_law_holds_with_images_in_the_prompt_and_from_a_tool(vl_tok, vlm):
-    policy = HFVisionPolicy(vlm, vl_tok)
-    res = rollout(
-        lambda: DotCountEnv(vl_tok, max_turns=3, template_kwargs=NO_THINK), ZoomFirst(policy, vl_tok), episodes=3,
-        concurrency=3, sampling=SamplingParams(max_tokens=10, temperature=1.0), seed=2, progress=False,
-    )
-    assert res.stats.failed == 0, res.stats.errors
-    for traj in res.trajectories:
+def test_the_law_holds_with_images_in_the_prompt_and_from_a_tool(zoomed):
+    policy, trajs = zoomed
+    for traj in trajs:
         assert len(traj.images) >= 2 and {i.source for i in traj.images} == {"prompt", "observation"}
         mask = traj.mask[1:].astype(bool)
         assert mask.sum() > 20
@@ -272,14 +267,60 @@ def test_the_dot_env_grades_from_the_seed(vl_tok):
     assert (right, wrong) == (1.0, 0.0)
 
 
+@pytest.fixture(scope="module")
+def zoomed(vl_tok, vlm):
+    """Three recorded episodes of the dot env: the prompt's picture, a zoomed region from the tool, sampled turns."""
+    policy = HFVisionPolicy(vlm, vl_tok)
+    res = rollout(
+        lambda: DotCountEnv(vl_tok, max_turns=3, template_kwargs=NO_THINK), ZoomFirst(policy, vl_tok), episodes=3,
+        concurrency=3, sampling=SamplingParams(max_tokens=10, temperature=1.0), seed=2, progress=False,
+    )
+    assert res.stats.failed == 0, res.stats.errors
+    return policy, res.trajectories
+
+
+def test_the_law_holds_over_the_verl_batch_with_its_images_and_mrope_positions(vl_tok, zoomed):
+    from tokengym.policies.hf_vision import mrope_positions
+    from tokengym.recorder import to_verl
+
+    policy, trajs = zoomed
+    model = policy.model
+    P, R = max(tr.prompt_len for tr in trajs) + 3, max(len(tr) - tr.prompt_len for tr in trajs) + 2  # padding on both sides
+    b = to_verl(trajs, prompt_length=P, response_length=R, rope_index=mrope_positions(model), pad_token_id=vl_tok.pad_token_id)
+    t = b.tensors
+    B, W = t["input_ids"].shape
+    assert t["position_ids"].shape == (B, 4, W) and not t["attention_mask"].all()  # padded rows
+    rows = b.non_tensors["multi_modal_inputs"]
+    assert [len(r["image_grid_thw"]) for r in rows] == [len(tr.images) for tr in trajs]
+    for r, tr in zip(rows, trajs):  # the recorded features, not a re-run of the processor
+        assert torch.equal(r["pixel_values"], torch.from_numpy(np.concatenate([i.features.pixel_values for i in tr.images])))
+    inputs = {
+        "input_ids": t["input_ids"], "attention_mask": t["attention_mask"], "position_ids": t["position_ids"].permute(1, 0, 2),
+        "pixel_values": torch.cat([r["pixel_values"] for r in rows]), "image_grid_thw": torch.cat([r["image_grid_thw"] for r in rows]),
+    }
+    if policy._token_types:
+        inputs["mm_token_type_ids"] = (t["input_ids"] == model.config.image_token_id).long()
+    with torch.no_grad():
+        lp = torch.log_softmax(model(**inputs).logits.float(), -1)
+    got = lp[:, P - 1 : -1].gather(-1, t["input_ids"][:, P:, None])[..., 0]
+    mask = t["response_mask"].bool()
+    assert mask.sum() > 30 and (got[mask] - t["rollout_log_probs"][mask]).abs().max() < 1e-4
+    with pytest.raises(ValueError, match=r"needs the model's multimodal positions, rope_index="):
+        to_verl(trajs)
+    first_image_end = max(i.offset + i.num_tokens for i in trajs[0].images)
+    cut = first_image_end - trajs[0].prompt_len - 2  # through the tool's image
+    with pytest.raises(ValueError, match=r"trajectory 0: the cut at response_length leaves .* of image #1"):
+        to_verl(trajs[:1], response_length=cut, overlong="truncate", rope_index=mrope_positions(model))
+
+
 def test_layouts_and_the_store_refuse_trajectories_with_images_by_name(vl_tok, vision, tmp_path):
-    from tokengym.recorder import TrajectoryWriter, to_packed, to_trl, to_verl
+    from tokengym.recorder import TrajectoryWriter, to_packed, to_trl
 
     rec = RecordEpisodes(Look(vl_tok, vision=vision, max_turns=1, template_kwargs=NO_THINK))
     rec.reset(seed=0)
     *_, info = rec.step(ids_of(vl_tok, "A picture.<|im_end|>"))
     traj = info["trajectory"]
-    for layout in (to_verl, to_packed, to_trl):
+    for layout in (to_packed, to_trl):
         with pytest.raises(ValueError, match=rf"1 of the 1 trajectories hold images.*{layout.__name__} does not carry images"):
             layout([traj])
     with TrajectoryWriter(tmp_path / "store", tokenizer=vl_tok) as writer:

@@ -169,9 +169,16 @@ def context_images(context: Any) -> tuple[Any, ...]:
 
 
 def check_contexts(contexts: Sequence[Sequence[int]], max_model_len: int | None = None) -> list[list[int]]:
-    """Contexts as lists of ints; each non-empty and, with ``max_model_len``, leaving room to generate."""
+    """Contexts as lists of ints; each non-empty and, with ``max_model_len``, leaving room to generate.
+    A context with images (a :class:`VisionContext`) is refused: these ids alone would have the
+    model read placeholder tokens where the images were."""
     out = []
     for i, c in enumerate(contexts):
+        if context_images(c):
+            raise ValueError(
+                f"context {i} holds {len(context_images(c))} image(s), and this policy reads text only: use a "
+                "vision-language policy (tokengym.policies.HFVisionPolicy)"
+            )
         ids = [int(t) for t in c]
         if not ids:
             raise ValueError("every context needs at least one token")

@@ -326,3 +326,15 @@ def test_layouts_and_the_store_refuse_trajectories_with_images_by_name(vl_tok, v
     with TrajectoryWriter(tmp_path / "store", tokenizer=vl_tok) as writer:
         with pytest.raises(ValueError, match="the store .* does not carry images"):
             writer.write(traj)
+
+
+def test_text_policies_called_directly_refuse_a_context_with_images(vl_tok, vision):
+    from tokengym.policies import HFPolicy
+    from tokengym.policies.base import VisionContext
+    from tiny_qwen3 import tiny_qwen3
+
+    env = Look(vl_tok, vision=vision, max_turns=1, template_kwargs=NO_THINK)
+    obs, info = env.reset(seed=0)
+    ctx = VisionContext(obs.tolist(), info["images"])
+    with pytest.raises(ValueError, match=r"context 0 holds 1 image\(s\), and this policy reads text only"):
+        HFPolicy(tiny_qwen3(len(vl_tok)), vl_tok).generate([ctx], SamplingParams(max_tokens=2))

@@ -32,7 +32,7 @@ MAX_NOTEBOOK_BYTES = 512_000
 
 
 def test_the_notebooks_are_there():
-    assert {"quickstart.ipynb", "new_tool_env.ipynb", "rl_step.ipynb", "learn.ipynb"} <= {p.name for p in PATHS}
+    assert {"quickstart.ipynb", "new_tool_env.ipynb", "rl_step.ipynb", "learn.ipynb", "images.ipynb"} <= {p.name for p in PATHS}
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)

@@ -1,4 +1,4 @@
-"""Each action records why its generation stopped, through the store (schema version 2), and
+"""Each action records why its generation stopped, through the store (since schema version 2), and
 stores of schema version 1 stay readable and appendable."""
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ def test_a_version_1_store_stays_readable_and_appendable(trajs, qwen25, tmp_path
     assert [t.finish_reasons for t in old] == [[None, None, None]] * 2
     assert [t.token_ids.tolist() for t in old] == [t.token_ids.tolist() for t in trajs[:2]]
     assert read_table(tmp_path).column("finish_reasons").to_pylist() == [None, None]
-    with TrajectoryWriter(tmp_path, tokenizer=qwen25) as writer:  # a version-2 shard beside the old one
+    with TrajectoryWriter(tmp_path, tokenizer=qwen25) as writer:  # a current shard beside the old one
         writer.write(trajs[2])
     mixed = list(read_trajectories(tmp_path))
     assert [t.finish_reasons for t in mixed] == [[None] * 3, [None] * 3, ["length", "stop", "stop_string"]]
-    assert read_table(tmp_path, columns=["schema_version"]).column(0).to_pylist() == [1, 1, 2]
-    assert json.loads((tmp_path / MANIFEST_NAME).read_text())["schema_version"] == SCHEMA_VERSION == 2
+    assert read_table(tmp_path, columns=["schema_version"]).column(0).to_pylist() == [1, 1, SCHEMA_VERSION]
+    assert json.loads((tmp_path / MANIFEST_NAME).read_text())["schema_version"] == SCHEMA_VERSION == 3

@@ -313,20 +313,58 @@ def test_the_law_holds_over_the_verl_batch_with_its_images_and_mrope_positions(v
         to_verl(trajs[:1], response_length=cut, overlong="truncate", rope_index=mrope_positions(model))
 
 
-def test_layouts_and_the_store_refuse_trajectories_with_images_by_name(vl_tok, vision, tmp_path):
-    from tokengym.recorder import TrajectoryWriter, to_packed, to_trl
+def test_to_packed_and_to_trl_refuse_trajectories_with_images_by_name(vl_tok, vision):
+    from tokengym.recorder import to_packed, to_trl
 
     rec = RecordEpisodes(Look(vl_tok, vision=vision, max_turns=1, template_kwargs=NO_THINK))
     rec.reset(seed=0)
     *_, info = rec.step(ids_of(vl_tok, "A picture.<|im_end|>"))
-    traj = info["trajectory"]
     for layout in (to_packed, to_trl):
         with pytest.raises(ValueError, match=rf"1 of the 1 trajectories hold images.*{layout.__name__} does not carry images"):
-            layout([traj])
-    with TrajectoryWriter(tmp_path / "store", tokenizer=vl_tok) as writer:
-        with pytest.raises(ValueError, match="the store .* does not carry images"):
-            writer.write(traj)
+            layout([info["trajectory"]])
 
+
+def test_the_store_keeps_each_image_once_and_gives_back_the_same_trajectories(vl_tok, zoomed, tmp_path):
+    from tokengym.recorder import TrajectoryWriter, read_table, read_trajectories
+    from tokengym.recorder.store.errors import CorruptShardError
+
+    _, trajs = zoomed
+    store = tmp_path / "store"
+    with TrajectoryWriter(store, tokenizer=vl_tok, shard_size=2) as writer:  # a shard, and a row in the log
+        for t in trajs:
+            writer.write(t)
+    files = sorted((store / "images").glob("*.npz"))
+    distinct = {(i.image.tobytes(), i.features.pixel_values.tobytes()) for t in trajs for i in t.images}
+    assert len(files) == len(distinct)  # each distinct image once, however many rows show it
+    back = list(read_trajectories(store, tokenizer=vl_tok))
+    assert len(back) == len(trajs)
+    for a, b in zip(trajs, back):
+        assert np.array_equal(a.token_ids, b.token_ids) and np.array_equal(a.logprobs, b.logprobs, equal_nan=True)
+        assert a.images == b.images  # features, offsets, turns; and the pixels:
+        assert all(np.array_equal(np.asarray(x.image), np.asarray(y.image)) for x, y in zip(a.images, b.images))
+    stored = read_table(store, columns=["images"]).column("images").to_pylist()
+    assert [len(r) for r in stored] == [len(t.images) for t in trajs]
+    files[0].write_bytes(files[0].read_bytes()[:-9] + b"corrupted")  # a damaged image file is named
+    with pytest.raises(CorruptShardError, match=r"images/[0-9a-f]{64}\.npz"):
+        list(read_trajectories(store))
+    files[0].unlink()
+    with pytest.raises(CorruptShardError, match=r"is missing: images/[0-9a-f]{64}\.npz is not in the store"):
+        list(read_trajectories(store))
+
+
+def test_the_same_image_in_many_rows_is_stored_once(vl_tok, vision, tmp_path):
+    from tokengym.recorder import TrajectoryWriter
+
+    rows = []
+    for _ in range(4):  # four episodes of the same prompt picture
+        rec = RecordEpisodes(Look(vl_tok, vision=vision, max_turns=1, template_kwargs=NO_THINK))
+        rec.reset(seed=0)
+        *_, info = rec.step(ids_of(vl_tok, "A picture.<|im_end|>"))
+        rows.append(info["trajectory"])
+    with TrajectoryWriter(tmp_path / "s", tokenizer=vl_tok) as writer:
+        for t in rows:
+            writer.write(t)
+    assert len(list((tmp_path / "s" / "images").glob("*.npz"))) == 1
 
 def test_text_policies_called_directly_refuse_a_context_with_images(vl_tok, vision):
     from tokengym.policies import HFPolicy

@@ -16,6 +16,7 @@ import tokengym.envs  # noqa: F401  (registers the envs)
 from tokengym.envs import ReplayEnv
 from tokengym.recorder import RecordEpisodes, Segment, SegmentKind, Trajectory, TrajectoryWriter
 from tokengym.recorder.cli.inspect_store import add_inspect_parser, cmd_inspect
+from tokengym.recorder.store.schema import SCHEMA_VERSION
 from tokengym.recorder.summary import format_summary, summarize_store, summary_rows
 from tokengym.recorder.views import (
     ANSI_COLORS,
@@ -80,7 +81,7 @@ def run(argv, capsys):
 def test_summary_numbers(store, tokenizer_name):
     path, trajs = store
     s = summarize_store(path)
-    assert s["shards"] == 2 and s["episodes"] == 5 and s["schema_version"] == 2
+    assert s["shards"] == 2 and s["episodes"] == 5 and s["schema_version"] == SCHEMA_VERSION
     assert s["tokenizer_name"] == tokenizer_name and len(s["tokenizer_hash"]) == 64 and s["vocab_size"] > 150_000
     assert s["tokens"] == sum(len(t) for t in trajs)
     assert s["policy_tokens"] == sum(int(t.mask.sum()) for t in trajs)

@@ -21,7 +21,7 @@ those, so they all see the shards only: ``pandas.read_parquet("runs/grpo-0")``,
 readers (:func:`read_trajectories`, :func:`read_table`, ``tokengym inspect``) see it as soon
 as :meth:`TrajectoryWriter.write` returned.
 
-Schema (``SCHEMA_VERSION = 2``), one row per trajectory, columns in this order:
+Schema (``SCHEMA_VERSION = 3``), one row per trajectory, columns in this order:
 
 ===================  ==========================  =================================================
 column               type                        meaning
@@ -62,12 +62,22 @@ metadata             string                      JSON object: free-form (task, r
 tokenizer_name       string                      display name (a folder's base name, no path)
 tokenizer_hash       string                      :func:`tokenizer_fingerprint` (sha256, hex)
 schema_version       int32                       ``SCHEMA_VERSION`` of the writer
+images               list<struct<                the images in the row's stream (added in version
+                     sha256: string,             3; null for none): each one's file
+                     offset: int32,              ``images/<sha256>.npz`` and its placeholder run
+                     num_tokens: int32,          ``token_ids[offset : offset + num_tokens]``, its
+                     turn: int32, index: int32,  turn (-1: the prompt), index in the episode,
+                     placeholder_id: int32,      placeholder id and source (``prompt`` or
+                     source: string>>            ``observation``)
 ===================  ==========================  =================================================
 
 ``turn_rewards`` is float64 (not float32) so that the reward an env returned comes back
-bit for bit. Stores of schema version 1 (no ``finish_reasons`` column) stay readable: their
-trajectories have unknown finish reasons, and a writer may append version-2 shards to
-them. A logprob that the policy gave as NaN is stored as NaN, not null: null means
+bit for bit. Stores of schema version 1 (no ``finish_reasons`` column) and 2 (no ``images``)
+stay readable: their trajectories have unknown finish reasons or no images, and a writer may
+append version-3 shards to them. Images are held once each, content-addressed, in the store's
+``images/`` folder (:mod:`~tokengym.recorder.store.images`: the PNG and the features the model
+was given, named by their SHA-256); a file is written and fsynced before the row that names
+it, and a reader refuses a missing or damaged one by name. A logprob that the policy gave as NaN is stored as NaN, not null: null means
 "no logprob was given". Each shard's Parquet key-value metadata holds ``tokengym`` = a
 JSON object with ``schema_version``, ``tokenizer_name`` and ``tokenizer_hash``; the
 manifest holds the same plus ``format``, ``vocab_size``, ``shards`` (one

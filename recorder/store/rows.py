@@ -20,6 +20,7 @@ import pyarrow as pa
 from ..segments import Segment, SegmentKind
 from ..trajectory import Trajectory
 from .errors import CorruptShardError, SchemaVersionError
+from .images import load_image_entry
 from .schema import INT32_MAX, READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION, SEGMENT_TYPE
 
 
@@ -65,9 +66,15 @@ def _depth(value: Any, limit: int) -> int:
     return deepest
 
 
-def trajectory_row(t: Trajectory, vocab_size: int, tokenizer_name: str) -> dict[str, Any]:
+def trajectory_row(
+    t: Trajectory, vocab_size: int, tokenizer_name: str, images: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """``t`` as a row: the columns of :data:`SCHEMA` but the tokenizer's three, logprobs as
-    ``(values, given)``; a ValueError for what cannot be stored (ids outside the vocabulary)."""
+    ``(values, given)``, ``images`` the entries of its stored images
+    (:func:`~tokengym.recorder.store.images.save_image`); a ValueError for what cannot be stored
+    (ids outside the vocabulary)."""
+    if t.images and images is None:
+        raise ValueError("a trajectory with images is stored through TrajectoryWriter, which stores its images")
     ids = t.token_ids
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise ValueError(
@@ -106,6 +113,7 @@ def trajectory_row(t: Trajectory, vocab_size: int, tokenizer_name: str) -> dict[
         "conformance": _json(list(t.conformance), "conformance"),
         "conformance_summary": _json(t.conformance_summary, "conformance summary"),
         "metadata": _json(t.metadata or {}, "metadata"),
+        "images": images or None,
     }
 
 
@@ -132,6 +140,7 @@ def rows_table(rows: list[dict[str, Any]], name: str, fingerprint: str, file_met
         "tokenizer_hash": pa.array([fingerprint] * n, pa.string()),
         "schema_version": pa.array([SCHEMA_VERSION] * n, pa.int32()),
     }
+    columns["images"] = pa.array([r.get("images") for r in rows], SCHEMA.field("images").type)  # none in older logs
     for field in SCHEMA:
         if field.name not in columns:
             columns[field.name] = pa.array(col(field.name), field.type)
@@ -151,6 +160,8 @@ def _flat(batch: pa.RecordBatch, name: str) -> tuple[pa.Array, np.ndarray]:
 
 def decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Trajectory]:
     import pyarrow.compute as pc
+
+    from tokengym.envs.images import check_image_runs
 
     ids_arr, ids_off = _flat(batch, "token_ids")
     ids_all = ids_arr.to_numpy(zero_copy_only=False)
@@ -173,7 +184,11 @@ def decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Traj
         if not (len(ids) == len(mask) == len(lp)):
             raise CorruptShardError(f"{where}: token_ids, mask and logprobs differ in length")
         try:
-            yield _decode_row(row, ids, mask, lp, given)
+            traj = _decode_row(row, ids, mask, lp, given)
+            if row.get("images"):
+                traj.images = [load_image_entry(path.parent, e) for e in row["images"]]
+                check_image_runs(traj.token_ids, traj.images, where="the row")
+            yield traj
         except CorruptShardError as err:
             raise CorruptShardError(f"{where}: {err}") from None
         except ValueError as err:  # the Trajectory / Segment checks

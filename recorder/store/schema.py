@@ -14,17 +14,23 @@ import pyarrow as pa
 
 from .errors import SchemaVersionError
 
-__all__ = ["FORMAT", "METADATA_KEY", "READABLE_VERSIONS", "SCHEMA", "SCHEMA_VERSION", "SEGMENT_TYPE"]
+__all__ = ["FORMAT", "IMAGE_TYPE", "METADATA_KEY", "READABLE_VERSIONS", "SCHEMA", "SCHEMA_VERSION", "SEGMENT_TYPE"]
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-"""Schema versions this tokengym reads (version 1 lacks ``finish_reasons``)."""
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+"""Schema versions this tokengym reads (version 1 lacks ``finish_reasons``, 1 and 2 ``images``)."""
 FORMAT = "tokengym-trajectories"
 METADATA_KEY = b"tokengym"
 
 SEGMENT_TYPE = pa.struct(
     [("kind", pa.string()), ("start", pa.int32()), ("end", pa.int32()), ("turn", pa.int32())]
 )
+
+IMAGE_TYPE = pa.struct(
+    [("sha256", pa.string()), ("offset", pa.int32()), ("num_tokens", pa.int32()), ("turn", pa.int32()),
+     ("index", pa.int32()), ("placeholder_id", pa.int32()), ("source", pa.string())]
+)
+"""One image of a row: its file (``images/<sha256>.npz``) and its run in the row's token ids."""
 
 SCHEMA = pa.schema(
     [
@@ -48,6 +54,7 @@ SCHEMA = pa.schema(
         ("tokenizer_name", pa.string()),
         ("tokenizer_hash", pa.string()),
         ("schema_version", pa.int32()),
+        ("images", pa.list_(IMAGE_TYPE)),
     ]
 )
 
@@ -56,7 +63,8 @@ INT32_MAX = 2**31 - 1
 
 def schema_of(version: int) -> pa.Schema:
     """The columns a shard of schema ``version`` has."""
-    return SCHEMA if version >= 2 else pa.schema([f for f in SCHEMA if f.name != "finish_reasons"])
+    missing = {"images"} if version == 2 else {"images", "finish_reasons"} if version < 2 else set()
+    return pa.schema([f for f in SCHEMA if f.name not in missing])
 
 
 def upgrade_batch(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:

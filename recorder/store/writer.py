@@ -26,11 +26,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..stopping import uninterrupted
-from ..trajectory import Trajectory, refuse_images
+from ..trajectory import Trajectory
 from .episode_log import encode_row, log_header
 from .errors import DiskFullError, StoreError, StoreWarning
 from .files import atomic_write, fsync_dir, file_index, log_name, shard_name
 from .fingerprint import display_name, unwrap, tokenizer_fingerprint
+from .images import save_image
 from .lock import StoreLock
 from .log_origin import run_hash
 from .manifest import write_manifest
@@ -200,9 +201,8 @@ class TrajectoryWriter:
             raise StoreError(f"{self.directory}: the writer is closed")
         if not isinstance(trajectory, Trajectory):
             raise TypeError(f"expected a Trajectory, got {type(trajectory).__name__}")
-        if trajectory.images:
-            refuse_images([trajectory], "the store (schema version without images)")
-        row = self._row(trajectory)
+        images = [save_image(self.directory, img) for img in trajectory.images] if trajectory.images else None
+        row = trajectory_row(trajectory, self.vocab_size, self.tokenizer_name, images)
         record = encode_row(row)
         with self._mutex, uninterrupted():  # a stop signal waits until the bookkeeping is done
             if self._closed:
@@ -312,9 +312,6 @@ class TrajectoryWriter:
             warnings.warn(f"{self.directory}: fsync of the episode log failed ({err})", StoreWarning, stacklevel=1)
         finally:
             os.close(fd)
-
-    def _row(self, t: Trajectory) -> dict[str, Any]:
-        return trajectory_row(t, self.vocab_size, self.tokenizer_name)
 
     def _table(self, rows: list[dict[str, Any]]) -> pa.Table:
         return rows_table(rows, self.tokenizer_name, self.tokenizer_hash, self._file_meta)

@@ -96,6 +96,55 @@ def segment_texts(traj: Trajectory, tokenizer: Any) -> list[str]:
     return [full[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
 
+def segment_parts(traj: Trajectory, tokenizer: Any) -> list[list[Any]]:
+    """Each segment as text with its images in place: a list of strings and
+    :class:`~tokengym.envs.images.StreamImage` objects, an image where its placeholder run was.
+    Without images, each segment is ``[its text]`` (:func:`segment_texts`)."""
+    texts = segment_texts(traj, tokenizer)
+    if not traj.images:
+        return [[t] for t in texts]
+    tok = _hf_tokenizer(tokenizer)
+    ids = traj.token_ids
+    out: list[list[Any]] = []
+    offsets = traj.offsets.tolist()
+    for i, text in enumerate(texts):
+        a, z = offsets[i], offsets[i + 1]
+        inside = sorted((im for im in traj.images if a <= im.offset < z), key=lambda im: im.offset)
+        if not inside:
+            out.append([text])
+            continue
+        parts: list[Any] = []
+        at = a
+        for im in inside:  # placeholder runs are special tokens: decoding around them splits no character
+            parts.append(tok.decode(ids[at : im.offset].tolist(), skip_special_tokens=False))
+            parts.append(im)
+            at = min(im.offset + im.num_tokens, z)
+        parts.append(tok.decode(ids[at:z].tolist(), skip_special_tokens=False))
+        out.append([p for p in parts if not isinstance(p, str) or p])
+    return out
+
+
+def image_label(im: Any) -> str:
+    """``[image #k: WxH, N tokens]``: an image where its placeholder run stands, in text."""
+    w, h = getattr(im.image, "size", ("?", "?"))
+    return f"[image #{im.index}: {w}x{h}, {im.num_tokens} tokens]"
+
+
+def _image_html(im: Any) -> str:
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    im.image.save(buf, format="PNG")
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    label = html.escape(image_label(im))
+    return (
+        f'<img class="tg-image" src="data:image/png;base64,{data}" alt="{label}" title="{label}" '
+        f'data-index="{im.index}" data-start="{im.offset}" data-end="{im.offset + im.num_tokens}" '
+        'style="max-height:160px;vertical-align:middle;border:1px solid #d1d5db;margin:2px">'
+    )
+
+
 def _badge(traj: Trajectory, turn: int) -> str:
     a = traj.actions[turn]
     lp = "" if a.logprobs is not None else " · no logprobs"
@@ -111,7 +160,8 @@ def render_trajectory_text(
     ``markers``, a badge ``⟦turn N · reward R⟧`` (black on yellow) precedes each turn's
     action. Every segment is decoded with ``skip_special_tokens=False``, so template
     tokens such as ``<|im_end|>`` show; with ``markers=False``, ``strip_ansi`` of the
-    result equals the decode of ``traj.token_ids``.
+    result equals the decode of ``traj.token_ids``, but where an image's placeholder run
+    stands: ``[image #k: WxH, N tokens]`` instead.
 
     Args:
         traj: the trajectory.
@@ -124,9 +174,10 @@ def render_trajectory_text(
             longer the exact decode.
     """
     out = []
-    for seg, text in zip(traj.segments, segment_texts(traj, tokenizer)):
+    for seg, parts in zip(traj.segments, segment_parts(traj, tokenizer)):
         if markers and seg.kind is SegmentKind.ACTION:
             out.append(_paint(_badge(traj, seg.turn), ANSI_COLORS["turn"], color))
+        text = "".join(p if isinstance(p, str) else image_label(p) for p in parts)
         if escape_controls:
             text = _CONTROL_RE.sub(_control_picture, text)
         out.append(_paint(text, ANSI_COLORS[seg.kind.value], color))
@@ -180,15 +231,17 @@ def render_trajectory_html(traj: Trajectory, tokenizer: Any, *, document: bool =
     ``<style>`` is stripped) and ``data-kind``, ``data-turn``, ``data-start``,
     ``data-end`` (token offsets) and ``data-mask``. Each action is preceded by a
     ``<span class="tg-turn">`` badge. All text is HTML-escaped (``<|im_end|>`` shows as text).
+    An image shows where its placeholder run stands, as an inline ``<img>`` (a ``data:`` URI:
+    nothing is fetched).
 
     Args:
         document: a whole ``<!DOCTYPE html>`` page (for a file) instead of a fragment
             (for a notebook cell).
     """
-    texts = segment_texts(traj, tokenizer)
+    pieces = segment_parts(traj, tokenizer)
     offsets = traj.offsets
     parts = []
-    for i, (seg, text) in enumerate(zip(traj.segments, texts)):
+    for i, (seg, shown) in enumerate(zip(traj.segments, pieces)):
         kind = seg.kind.value
         if seg.kind is SegmentKind.ACTION:
             parts.append(
@@ -199,7 +252,8 @@ def render_trajectory_html(traj: Trajectory, tokenizer: Any, *, document: bool =
         parts.append(
             f'<span class="tg-{kind}" data-kind="{kind}" data-turn="{seg.turn}" data-start="{int(offsets[i])}" '
             f'data-end="{int(offsets[i + 1])}" data-mask="{mask}" style="color:{HTML_COLORS[kind]}">'
-            f"{html.escape(text)}</span>"
+            + "".join(html.escape(p) if isinstance(p, str) else _image_html(p) for p in shown)
+            + "</span>"
         )
     m = traj.mask
     head = (

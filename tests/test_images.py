@@ -376,3 +376,17 @@ def test_text_policies_called_directly_refuse_a_context_with_images(vl_tok, visi
     ctx = VisionContext(obs.tolist(), info["images"])
     with pytest.raises(ValueError, match=r"context 0 holds 1 image\(s\), and this policy reads text only"):
         HFPolicy(tiny_qwen3(len(vl_tok)), vl_tok).generate([ctx], SamplingParams(max_tokens=2))
+
+
+def test_inspect_and_the_html_view_show_each_image_where_it_stands(vl_tok, zoomed, tmp_path):
+    from tokengym.recorder.views import render_trajectory_html, render_trajectory_text
+
+    _, trajs = zoomed
+    t = trajs[0]
+    text = render_trajectory_text(t, vl_tok, color=False, markers=False)
+    labels = [f"[image #{i.index}: {i.image.size[0]}x{i.image.size[1]}, {i.num_tokens} tokens]" for i in t.images]
+    assert all(label in text for label in labels) and "<|image_pad|>" not in text
+    assert text.index(labels[0]) < text.index(labels[1]) and "<|vision_start|>" + labels[0] + "<|vision_end|>" in text
+    page = render_trajectory_html(t, vl_tok, document=True)
+    assert page.count('<img class="tg-image" src="data:image/png;base64,') == len(t.images)
+    assert "http" not in page.split("<body>")[1] and "<script" not in page

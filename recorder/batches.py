@@ -559,6 +559,10 @@ class PackedBatch:
     seq_index: torch.Tensor  # int64, the row each token belongs to
     advantages: torch.Tensor | None = None  # float32, on action tokens, when asked for
     logprobs_present: torch.Tensor | None = None  # bool, [B]: every action of the row has its logprobs
+    multi_modal_inputs: dict[str, torch.Tensor] | None = None
+    """With images: ``pixel_values`` and ``image_grid_thw`` of every image, in token order (row by
+    row), and ``images_per_row`` [B]; ``position_ids`` is then [4, T] (the text positions, then
+    the model's three M-RoPE rows, each restarting with its row)."""
 
     def __len__(self) -> int:
         return int(self.cu_seqlens.shape[0]) - 1
@@ -569,6 +573,7 @@ def to_packed(
     *,
     advantages: Sequence[float] | np.ndarray | None = None,
     out: BatchBuffers | None = None,
+    rope_index: RopeIndex | None = None,
 ) -> PackedBatch:
     """Concatenate whole trajectories (prompt included) into one row of T tokens.
 
@@ -578,11 +583,18 @@ def to_packed(
         out: buffers to write the batch into, reused across calls (:class:`BatchBuffers`, as for
             :func:`to_verl`): the tensors are views of them, equal to a fresh batch's, and the
             next call with the same ``out`` writes over them.
+        rope_index: for trajectories with images, the model's own M-RoPE positions (as for
+            :func:`to_verl`); the batch then has [4, T] ``position_ids`` and ``multi_modal_inputs``.
     """
     import torch
 
     require_trajectories(trajs)
-    refuse_images(trajs, "to_packed")
+    vision = any(t.images for t in trajs)
+    if vision and rope_index is None:
+        raise ValueError(
+            "these trajectories hold images: to_packed needs the model's multimodal positions, "
+            "rope_index=tokengym.policies.hf_vision.mrope_positions(model)"
+        )
     present = logprobs_present(trajs)
     _warn_missing_logprobs(present, "packed")
     adv = _per_traj_advantages(advantages, len(trajs))
@@ -616,7 +628,12 @@ def to_packed(
         seq_index[a:b] = i
         if advantage is not None:
             np.multiply(mask[a:b], adv[i], out=advantage[a:b], casting="unsafe")
+    multi_modal = None
+    if vision:
+        assert rope_index is not None
+        position_ids, multi_modal = _packed_vision(trajs, cu, ids, position_ids, rope_index)
     return PackedBatch(
+        multi_modal_inputs=multi_modal,
         input_ids=torch.from_numpy(ids),
         position_ids=torch.from_numpy(position_ids),
         cu_seqlens=torch.from_numpy(cu),
@@ -628,6 +645,35 @@ def to_packed(
         advantages=None if advantage is None else torch.from_numpy(advantage),
         logprobs_present=torch.from_numpy(present),
     )
+
+
+def _packed_vision(
+    trajs: Sequence[Trajectory], cu: np.ndarray, ids: np.ndarray, text_positions: np.ndarray, rope_index: RopeIndex
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """[4, T] position ids (the text row, then each row's own M-RoPE rows) and the images' inputs, in token order."""
+    import torch
+
+    pos = np.empty((4, len(ids)), dtype=np.int64)
+    pos[0] = text_positions
+    pixels, grids, per_row = [], [], []
+    for t, a, b in zip(trajs, cu[:-1].tolist(), cu[1:].tolist()):
+        images = sorted(t.images, key=lambda im: im.offset)
+        per_row.append(len(images))
+        if not images:
+            pos[1:, a:b] = text_positions[a:b]
+            continue
+        grid = torch.as_tensor([list(im.features.grid_thw) for im in images], dtype=torch.long)
+        row = torch.from_numpy(ids[a:b])[None]
+        pos[1:, a:b] = rope_index(row, torch.ones_like(row), grid)[:, 0].numpy()
+        pixels += [im.features.pixel_values for im in images]
+        grids.append(grid)
+    grid_all = torch.cat(grids)
+    return pos, {
+        "pixel_values": torch.from_numpy(np.concatenate(pixels)),
+        "image_grid_thw": grid_all,
+        "images_seqlens": torch.repeat_interleave(grid_all[:, 1] * grid_all[:, 2], grid_all[:, 0]),
+        "images_per_row": torch.as_tensor(per_row, dtype=torch.long),
+    }
 
 
 def from_packed(batch: PackedBatch) -> list[TokenView]:

@@ -313,15 +313,43 @@ def test_the_law_holds_over_the_verl_batch_with_its_images_and_mrope_positions(v
         to_verl(trajs[:1], response_length=cut, overlong="truncate", rope_index=mrope_positions(model))
 
 
-def test_to_packed_and_to_trl_refuse_trajectories_with_images_by_name(vl_tok, vision):
-    from tokengym.recorder import to_packed, to_trl
+def test_to_trl_refuses_trajectories_with_images_by_name(vl_tok, vision):
+    from tokengym.recorder import to_trl
 
     rec = RecordEpisodes(Look(vl_tok, vision=vision, max_turns=1, template_kwargs=NO_THINK))
     rec.reset(seed=0)
     *_, info = rec.step(ids_of(vl_tok, "A picture.<|im_end|>"))
-    for layout in (to_packed, to_trl):
-        with pytest.raises(ValueError, match=rf"1 of the 1 trajectories hold images.*{layout.__name__} does not carry images"):
-            layout([info["trajectory"]])
+    with pytest.raises(ValueError, match=r"1 of the 1 trajectories hold images.*to_trl does not carry images"):
+        to_trl([info["trajectory"]])
+
+
+def test_the_law_holds_over_the_packed_batch_row_by_row(vl_tok, zoomed):
+    from tokengym.policies.hf_vision import mrope_positions
+    from tokengym.recorder import to_packed
+
+    policy, trajs = zoomed
+    model = policy.model
+    with pytest.raises(ValueError, match=r"to_packed needs the model's multimodal positions"):
+        to_packed(trajs)
+    b = to_packed(trajs, rope_index=mrope_positions(model))
+    mm = b.multi_modal_inputs
+    assert b.position_ids.shape == (4, len(b.input_ids)) and mm["images_per_row"].tolist() == [len(t.images) for t in trajs]
+    cu, first = b.cu_seqlens.tolist(), 0
+    for i, (a, z) in enumerate(zip(cu[:-1], cu[1:])):  # each row as a varlen kernel sees it: its own slice
+        k = int(mm["images_per_row"][i])
+        grid = mm["image_grid_thw"][first : first + k]
+        patches = int(mm["image_grid_thw"][:first].prod(-1).sum()), int(mm["image_grid_thw"][: first + k].prod(-1).sum())
+        ids = b.input_ids[a:z][None]
+        inputs = {"input_ids": ids, "position_ids": b.position_ids[:, a:z][:, None], "image_grid_thw": grid,
+                  "pixel_values": mm["pixel_values"][patches[0] : patches[1]]}
+        if policy._token_types:
+            inputs["mm_token_type_ids"] = (ids == model.config.image_token_id).long()
+        with torch.no_grad():
+            lp = torch.log_softmax(model(**inputs).logits[0].float(), -1)
+        got = lp[:-1].gather(-1, ids[0, 1:, None])[:, 0]
+        mask = b.loss_mask[a + 1 : z].bool()
+        assert mask.any() and (got[mask] - b.logprobs[a + 1 : z][mask]).abs().max() < 1e-4
+        first += k
 
 
 def test_the_store_keeps_each_image_once_and_gives_back_the_same_trajectories(vl_tok, zoomed, tmp_path):

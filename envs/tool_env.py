@@ -294,6 +294,7 @@ class ToolEnv(ChatEnv):
         try:
             for server in servers:
                 self.mcp.append(server.open())
+                self.mcp[-1].images_as_parts = self.vision is not None
             self._check_names([*self.static_tools, *self._mcp_tools()])
         except BaseException:
             self.close()

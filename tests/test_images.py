@@ -418,3 +418,24 @@ def test_inspect_and_the_html_view_show_each_image_where_it_stands(vl_tok, zoome
     page = render_trajectory_html(t, vl_tok, document=True)
     assert page.count('<img class="tg-image" src="data:image/png;base64,') == len(t.images)
     assert "http" not in page.split("<body>")[1] and "<script" not in page
+
+
+@pytest.mark.mcp
+def test_an_mcp_servers_image_is_an_image_part_of_the_tool_message(vl_tok, vision):
+    import sys
+    from pathlib import Path
+
+    from tokengym.envs import MCPTools
+
+    server = MCPTools([sys.executable, str(Path(__file__).with_name("mcp_fault_server.py"))])
+    env = ToolEnv(vl_tok, [{"id": "t", "prompt": "Look."}], server, vision=vision, max_turns=2, template_kwargs=NO_THINK)
+    try:
+        env.reset(seed=0)
+        call = "<tool_call>\n<function=pixel>\n</function>\n</tool_call><|im_end|>"
+        obs, _, _, _, info = env.step(ids_of(vl_tok, call))
+        (img,) = info["images"]
+        assert info["tool_results"][0]["content"] == "here:" and info["tool_results"][0]["images"] == [list(img.image.size)]
+        assert "tool_data" not in info  # shown, not kept as data
+        assert int(np.sum(obs == vision.placeholder_id)) == img.num_tokens
+    finally:
+        env.close()

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from ..function_tools import Tool, ToolError
 from .server import MCPServer, MCPServerError, ServerSpec, command_of
 
-__all__ = ["MCPTools", "OpenMCPTools", "Scope", "mcp_tools_of", "result_text_of"]
+__all__ = ["MCPTools", "OpenMCPTools", "Scope", "mcp_tools_of", "result_parts_of", "result_text_of"]
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +197,39 @@ def result_text_of(result: Any) -> tuple[str, list[dict[str, Any]]]:
     return "\n".join(parts), kept
 
 
+_SHOWN_IMAGES = ("image/png", "image/jpeg", "image/webp", "image/gif")
+
+
+def result_parts_of(result: Any) -> tuple[str, list[Any], list[dict[str, Any]]]:
+    """:func:`result_text_of` for an env that shows images (``vision=``): each image block of a
+    format PIL reads (PNG, JPEG, WebP, GIF) is an image of the result (a PIL image) instead of a
+    note in the text and data kept; other blocks are as there. A block whose bytes do not decode
+    as its type says is kept as data, and the text says so."""
+    import base64
+
+    from tokengym.envs.images import load_image
+
+    shown: list[Any] = []
+    others = []
+    for block in getattr(result, "content", None) or ():
+        if getattr(block, "type", None) == "image" and str(block.mime_type).lower() in _SHOWN_IMAGES:
+            try:
+                shown.append(load_image(base64.b64decode(block.data, validate=True)))
+                continue
+            except (ValueError, TypeError):
+                pass  # kept as data below, and said in the text
+        others.append(block)
+    text, kept = result_text_of(_Blocks(others, getattr(result, "structured_content", None) if not shown else None))
+    return text, shown, kept
+
+
+class _Blocks:
+    """A result's content blocks without the ones shown as images (what :func:`result_text_of` reads)."""
+
+    def __init__(self, content: list[Any], structured_content: Any) -> None:
+        self.content, self.structured_content = content, structured_content
+
+
 def _b64_size(data: str) -> int:
     try:
         return len(base64.b64decode(data, validate=False))
@@ -260,11 +293,14 @@ class _ServerCall:
                 self.owner.note_timeout()
                 raise
             raise ToolError(f"the MCP server refused the call: {err}") from None
-        text, kept = result_text_of(result)
+        if self.owner.images_as_parts:  # the env shows images: they are the tool message's image parts
+            text, images, kept = result_parts_of(result)
+        else:
+            (text, kept), images = result_text_of(result), []
         self.owner.note_kept(kept)
         if getattr(result, "is_error", False):
             raise ToolError(text or "the tool reported an error")
-        return text
+        return [text, *images] if images else text
 
 
 class _Shared:
@@ -309,6 +345,8 @@ class OpenMCPTools:
         self._tools: list[Tool] = []
         self._timed_out = False
         self._kept: list[dict[str, Any]] = []
+        self.images_as_parts = False
+        """Set by an env with ``vision=``: image results become image parts, not data kept."""
         self._joined = False
         self._closed = False
         self._used = False

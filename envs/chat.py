@@ -318,7 +318,9 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         # assistant message index -> the turn as a server renders it (its parsed calls, or the
         # parser's split of the turn), for templates that refuse the turn as plain text
         self._structured_at: dict[int, Message] = {}
-        record = ResetRecord(plain_copy(prompt.task), len(rendered.ids), self._limit - len(rendered.ids))
+        record = ResetRecord(
+            plain_copy(prompt.task), len(rendered.ids), self._limit - len(rendered.ids), tuple(self._images)
+        )
         info = {
             "messages": plain_copy(prompt_messages),
             "tools": plain_copy(prompt.tools),
@@ -408,6 +410,9 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 self._num_tokens += len(obs_ids)
                 self._messages.extend(plain_copy(new))
 
+        if step_images and not len(obs_ids):  # the observation did not fit: its images are not in the stream
+            del self._images[len(self._images) - len(step_images):]
+            step_images = []
         done = stop_reason is not None
         conformance = self._check(turn, final=done)
         self._turn += 1
@@ -427,13 +432,12 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             context_reset=context_reset,
             tool_rewards=_tool_rewards(turn, extra.get("tool_results")),
             episode_facts={k: plain_copy(extra[k]) for k in EPISODE_FACTS if k in extra},
+            images=tuple(step_images),
         )
         obs_out = obs_ids if isinstance(obs_ids, np.ndarray) else frozen_ids(obs_ids)
         info = _step_info(record, assistant, response, extra)
-        if step_images and len(obs_out):
-            info["images"] = step_images
-        elif step_images:  # the observation did not fit: its images are not in the stream
-            del self._images[len(self._images) - len(step_images):]
+        if step_images:
+            info["images"] = list(step_images)
         return obs_out, reward, terminated, done and not terminated, info
 
     def render(self) -> str | None:

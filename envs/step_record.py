@@ -54,6 +54,8 @@ class ResetRecord:
     """The prompt's length."""
     remaining_context: int
     """Tokens the episode may still add (``max_context_tokens`` or the completion budget)."""
+    images: tuple[Any, ...] = ()
+    """The prompt's images (:class:`~tokengym.envs.images.StreamImage`), in stream order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,9 @@ class StepRecord:
     action_ids: Any = field(default=None, compare=False)
     """The action's token ids as the env keeps them: a read-only int64 array the recorder keeps
     instead of a copy of its own (None: the recorder copies the action it passed)."""
+    images: tuple[Any, ...] = field(default=(), compare=False)
+    """The observation's images (:class:`~tokengym.envs.images.StreamImage`: their runs at offsets
+    in the stream), in stream order."""
 
     @property
     def done(self) -> bool:

@@ -80,9 +80,10 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         self._finished: list[Trajectory] = []
         self._seed = seed
         self._conformance: list[Conformance] = []  # as the env gave them; dicts only when a row is made
-        self._task = reset_record(info).task
+        record = reset_record(info)
+        self._task = record.task
         self._tool_rewards: list[ToolReward] = []
-        self._images: list[Any] = list(info.get("images") or ())
+        self._images = list(record.images)
         return obs, info
 
     def step(
@@ -109,10 +110,10 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         ids = kept
         self._segments.append(Segment(SegmentKind.ACTION, ids, turn, logprobs=logprobs, reward=float(reward), finish_reason=finish_reason))
         reset = record.context_reset and not (terminated or truncated)
-        if info.get("images"):
+        if record.images:
             if reset:
                 raise ValueError("a new context mid-episode (history='deploy') with images is not recorded yet")
-            self._images.extend(info["images"])
+            self._images.extend(record.images)
         if reset:  # history="deploy": the next context is not an extension of this one; a new row
             self._sequences.append(self._trajectory(record, False, False, "context_reset"))
             self._segments = [Segment(SegmentKind.PROMPT, _kept(obs), turn + 1)]

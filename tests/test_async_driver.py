@@ -407,6 +407,8 @@ def test_a_run_builds_one_env_before_its_first_episode_and_the_rest_as_slots_tak
     events: list[str] = []
 
     class Noted(gym.Wrapper):
+        step_waits = False  # resets run on the loop's thread, one slot after another: a fixed order
+
         def reset(self, **kw):
             events.append("reset")
             return self.env.reset(**kw)

@@ -175,10 +175,14 @@ class HFPolicy:
     ) -> tuple[list[list[int]], list[SamplingParams]]:
         """The checked contexts and one SamplingParams each (stop strings need the tokenizer)."""
         params = per_request(sampling, len(contexts))
-        checked = check_contexts(contexts)
+        checked = self.check_contexts(contexts)
         if self.tokenizer is None and any(p.stop_strings for p in params):
-            raise ValueError("stop strings need the tokenizer: HFPolicy(model, tokenizer)")
+            raise ValueError(f"stop strings need the tokenizer: {type(self).__name__}(model, tokenizer)")
         return checked, params
+
+    def check_contexts(self, contexts: Sequence[Sequence[int]]) -> list[Any]:
+        """The contexts as this policy reads them: lists of ints (a context with images refused)."""
+        return check_contexts(contexts)
 
     # ------------------------------------------------------------ decode pieces
     def generator(self, p: SamplingParams) -> torch.Generator:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import Generation, SamplingParams, context_images, per_request
+from .base import Generation, SamplingParams, context_images
 from .hf import HFPolicy
 
 __all__ = ["HFVisionPolicy", "mrope_positions", "vision_inputs"]
@@ -86,16 +86,11 @@ class HFVisionPolicy(HFPolicy):
                 out["mm_token_type_ids"] = (x == self.image_token_id).long()
         return out
 
-    def _requests(  # type: ignore[override]
-        self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
-    ) -> tuple[list[Any], list[SamplingParams]]:
-        params = per_request(sampling, len(contexts))
-        for c in contexts:
-            if not len(c):
-                raise ValueError("every context needs at least one token")
-        if self.tokenizer is None and any(p.stop_strings for p in params):
-            raise ValueError("stop strings need the tokenizer: HFVisionPolicy(model, tokenizer)")
-        return list(contexts), params
+    def check_contexts(self, contexts: Sequence[Sequence[int]]) -> list[Any]:
+        """The contexts as they are (their images with them), each non-empty."""
+        if any(not len(c) for c in contexts):
+            raise ValueError("every context needs at least one token")
+        return list(contexts)
 
     def _generate(
         self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]

@@ -469,14 +469,10 @@ def _vision_rows(
         pos[i, 0, start : start + n] = np.arange(n)
         ids = torch.from_numpy(input_ids[i : i + 1])
         mask = torch.from_numpy(attention[i : i + 1])
-        grid = torch.as_tensor([list(im.features.grid_thw) for im in kept], dtype=torch.long) if kept else None
         if kept:
-            pos[i, 1:] = rope_index(ids, mask, grid)[:, 0].numpy()
-            rows.append({
-                "pixel_values": torch.from_numpy(np.concatenate([im.features.pixel_values for im in kept])),
-                "image_grid_thw": grid,
-                "images_seqlens": torch.repeat_interleave(grid[:, 1] * grid[:, 2], grid[:, 0]),
-            })
+            inputs = _image_inputs(kept)
+            pos[i, 1:] = rope_index(ids, mask, inputs["image_grid_thw"])[:, 0].numpy()
+            rows.append(inputs)
         else:  # text alone: the three rows are the text positions
             pos[i, 1:, start : start + n] = np.arange(n)
             rows.append({})
@@ -655,24 +651,31 @@ def _packed_vision(
 
     pos = np.empty((4, len(ids)), dtype=np.int64)
     pos[0] = text_positions
-    pixels, grids, per_row = [], [], []
+    ordered, per_row = [], []
     for t, a, b in zip(trajs, cu[:-1].tolist(), cu[1:].tolist()):
         images = sorted(t.images, key=lambda im: im.offset)
         per_row.append(len(images))
         if not images:
             pos[1:, a:b] = text_positions[a:b]
             continue
-        grid = torch.as_tensor([list(im.features.grid_thw) for im in images], dtype=torch.long)
         row = torch.from_numpy(ids[a:b])[None]
-        pos[1:, a:b] = rope_index(row, torch.ones_like(row), grid)[:, 0].numpy()
-        pixels += [im.features.pixel_values for im in images]
-        grids.append(grid)
-    grid_all = torch.cat(grids)
-    return pos, {
-        "pixel_values": torch.from_numpy(np.concatenate(pixels)),
-        "image_grid_thw": grid_all,
-        "images_seqlens": torch.repeat_interleave(grid_all[:, 1] * grid_all[:, 2], grid_all[:, 0]),
-        "images_per_row": torch.as_tensor(per_row, dtype=torch.long),
+        pos[1:, a:b] = rope_index(row, torch.ones_like(row), _image_inputs(images, pixels=False)["image_grid_thw"])[:, 0].numpy()
+        ordered += images
+    return pos, {**_image_inputs(ordered), "images_per_row": torch.as_tensor(per_row, dtype=torch.long)}
+
+
+def _image_inputs(images: Sequence[Any], *, pixels: bool = True) -> dict[str, Any]:
+    """What a VLM's forward takes for ``images``, in their order, from their recorded features:
+    ``pixel_values`` (concatenated), ``image_grid_thw`` and ``images_seqlens`` (verl's names)."""
+    import torch
+
+    grid = torch.as_tensor([list(im.features.grid_thw) for im in images], dtype=torch.long)
+    if not pixels:
+        return {"image_grid_thw": grid}
+    return {
+        "pixel_values": torch.from_numpy(np.concatenate([im.features.pixel_values for im in images])),
+        "image_grid_thw": grid,
+        "images_seqlens": torch.repeat_interleave(grid[:, 1] * grid[:, 2], grid[:, 0]),
     }
 
 

@@ -85,18 +85,26 @@ class DotCountEnv(ToolEnv):
         if "task" in options:
             return super().sample_task(options)
         seed = int(options["picture_seed"]) if "picture_seed" in options else int(self.np_random.integers(2**31))
-        _, dots = draw_dots(seed, size=self.size, max_dots=self.max_dots)
+        _, dots = self._picture(seed)
         return {"id": f"dots-{self.size}-{self.max_dots}-{seed}", "seed": seed, "answer": len(dots)}
 
+    def _picture(self, seed: int) -> tuple[Any, list[tuple[int, int, int]]]:
+        """:func:`draw_dots` of ``seed``, drawn once for the reset that asks for it three times
+        (the task's answer, the prompt, the zoom tool)."""
+        drawn = getattr(self, "_drawn", None)
+        if drawn is None or drawn[0] != seed:
+            drawn = self._drawn = (seed, draw_dots(seed, size=self.size, max_dots=self.max_dots))
+        return drawn[1]
+
     def task_messages(self, task: dict[str, Any]) -> list[dict[str, Any]]:
-        picture, _ = draw_dots(int(task["seed"]), size=self.size, max_dots=self.max_dots)
+        picture, _ = self._picture(int(task["seed"]))
         return [{"role": "user", "content": [
             {"type": "image", "image": picture},
             {"type": "text", "text": PROMPT.format(size=self.size)},
         ]}]
 
     def _zoom_tool(self, task: dict[str, Any]) -> list[Any]:
-        picture, _ = draw_dots(int(task["seed"]), size=self.size, max_dots=self.max_dots)
+        picture, _ = self._picture(int(task["seed"]))
         side = self.size
 
         def zoom(x: int, y: int, width: int, height: int) -> Any:

@@ -161,8 +161,6 @@ def _flat(batch: pa.RecordBatch, name: str) -> tuple[pa.Array, np.ndarray]:
 def decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Trajectory]:
     import pyarrow.compute as pc
 
-    from tokengym.envs.images import check_image_runs
-
     ids_arr, ids_off = _flat(batch, "token_ids")
     ids_all = ids_arr.to_numpy(zero_copy_only=False)
     mask_arr, mask_off = _flat(batch, "mask")
@@ -184,11 +182,8 @@ def decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Traj
         if not (len(ids) == len(mask) == len(lp)):
             raise CorruptShardError(f"{where}: token_ids, mask and logprobs differ in length")
         try:
-            traj = _decode_row(row, ids, mask, lp, given)
-            if row.get("images"):
-                traj.images = [load_image_entry(path.parent, e) for e in row["images"]]
-                check_image_runs(traj.token_ids, traj.images, where="the row")
-            yield traj
+            images = [load_image_entry(path.parent, e) for e in row.get("images") or ()]
+            yield _decode_row(row, ids, mask, lp, given, images)
         except CorruptShardError as err:
             raise CorruptShardError(f"{where}: {err}") from None
         except ValueError as err:  # the Trajectory / Segment checks
@@ -196,7 +191,7 @@ def decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Traj
 
 
 def _decode_row(
-    row: dict[str, Any], ids: np.ndarray, mask: np.ndarray, lp: np.ndarray, given: np.ndarray
+    row: dict[str, Any], ids: np.ndarray, mask: np.ndarray, lp: np.ndarray, given: np.ndarray, images: list[Any]
 ) -> Trajectory:
     """One row back into a Trajectory, checking it against its own segments."""
     rewards = row["turn_rewards"] or []
@@ -244,6 +239,7 @@ def _decode_row(
         conformance=json.loads(row["conformance"]) if row["conformance"] is not None else [],
         sampling=json.loads(row["sampling"]) if row["sampling"] is not None else None,
         metadata=json.loads(row["metadata"]) if row["metadata"] is not None else {},
+        images=images,
     )
     if traj.num_turns != len(rewards):
         raise CorruptShardError(f"{len(rewards)} turn rewards for {traj.num_turns} turns")

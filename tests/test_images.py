@@ -439,3 +439,18 @@ def test_an_mcp_servers_image_is_an_image_part_of_the_tool_message(vl_tok, visio
         assert int(np.sum(obs == vision.placeholder_id)) == img.num_tokens
     finally:
         env.close()
+
+
+def test_an_mcp_image_whose_bytes_are_not_an_image_is_kept_as_data_and_said():
+    import base64
+    from types import SimpleNamespace
+
+    from tokengym.envs.mcp.tools import result_parts_of
+
+    png = __import__("io").BytesIO()
+    picture(4, 8, 8).save(png, format="PNG")
+    good = SimpleNamespace(type="image", mime_type="image/png", data=base64.b64encode(png.getvalue()).decode())
+    bad = SimpleNamespace(type="image", mime_type="image/png", data=base64.b64encode(b"not a png").decode())
+    text, shown, kept = result_parts_of(SimpleNamespace(content=[SimpleNamespace(type="text", text="two:"), good, bad]))
+    assert len(shown) == 1 and shown[0].size == (8, 8)
+    assert text == "two:\n[image: image/png, 9 bytes, kept as data]" and kept[0]["data"] == bad.data

@@ -34,8 +34,10 @@ from .conformance import (
 )
 from .images import ImageFeatures, StreamImage, VisionProcessor, expand_images, load_image, split_images
 from .near_names import did_you_mean
+from .packed import PackedList, PackedMessages
 from .plain_copy import plain_copy
 from .render import ChatRenderer, Message, Rendered, TemplateError
+from .stream import TokenStream
 from .step_record import EPISODE_FACTS, RECORD, ClosedBy, ResetRecord, StepRecord, ToolReward
 from .stop_strings import check_stop_strings, ends_with_stop_string
 
@@ -70,8 +72,9 @@ class AssistantTurn:
     text: str
     """Decoded content, without the closing end-of-turn token."""
     closed_by: ClosedBy
-    messages: list[Message]
-    """The conversation so far, this assistant message last (the env's own records: read, don't mutate)."""
+    messages: Sequence[Message]
+    """The conversation so far, this assistant message last: a read-only sequence (``list(...)`` for a
+    list; with the default schedule each message read is a new copy, unpacked from the env's records)."""
 
     @property
     def message(self) -> Message:
@@ -109,8 +112,8 @@ COMPLETION_BUDGET = "completion_budget"
 
 
 def frozen_ids(ids: Sequence[int] | np.ndarray) -> np.ndarray:
-    """``ids`` as a new read-only int64 array: what an env returns and keeps, and the recorder keeps
-    too without a copy (no one can change it under the other), so a stream's ids are held once."""
+    """``ids`` as a new read-only int64 array: what an env returns (its caller cannot change what
+    another reader of the same observation sees)."""
     out = np.array(ids, dtype=np.int64)
     out.setflags(write=False)
     return out
@@ -233,7 +236,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self.vision = vision
         if vision is not None:
             self._probe_images()
-        self._pieces: list[Piece] | None = None
+        self._stream: TokenStream | None = None
         self._num_tokens = 0
         self._done = False
         self._images: list[StreamImage] = []
@@ -274,7 +277,20 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
     @property
     def messages(self) -> list[Message]:
         """The conversation so far (assistant turns as the decoded text of their tokens)."""
-        return plain_copy(self._messages) if self._pieces is not None else []
+        if self._stream is None:
+            return []
+        return self._messages[:] if isinstance(self._messages, PackedList) else plain_copy(self._messages)
+
+    @property
+    def token_stream(self) -> TokenStream | None:
+        """The current sequence's tokens as the env holds them (read it, don't append): the recorder
+        and the driver read the ids from here rather than keep their own. None before a reset."""
+        return self._stream
+
+    @property
+    def _pieces(self) -> list[Piece] | None:
+        """The current sequence's pieces, materialized (for checks and tests; not a per-turn read)."""
+        return None if self._stream is None else self._stream.pieces()
 
     # ------------------------------------------------------------- gymnasium
     def reset(
@@ -308,16 +324,21 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         self._limit = self.max_context_tokens if budget is None else min(self.max_context_tokens, len(rendered.ids) + budget)
         self._prompt = prompt
         self._tools = prompt.tools
-        self._messages: list[Message] = plain_copy(prompt_messages)
+        # The conversation: packed (a third of the dicts' memory) where a sparse schedule reads it
+        # rarely; as dicts where every turn's check renders it (the renderer remembers their forms).
+        self._messages: PackedList | list[Message] = (
+            plain_copy(prompt_messages) if self.conformance_schedule == "every_turn" else PackedList(prompt_messages)
+        )
         prompt_ids = frozen_ids(rendered.ids)
-        self._pieces = [Piece("prompt", 0, prompt_ids, rendered.text, has_user=True)]
+        self._stream = TokenStream(self.renderer.decode)
+        self._stream.append("prompt", 0, prompt_ids, rendered.text, has_user=True)
         self._num_tokens = len(rendered.ids)
         self._turn = 0
         self._done = False
-        self._conformance: list[Conformance] = []
         # assistant message index -> the turn as a server renders it (its parsed calls, or the
-        # parser's split of the turn), for templates that refuse the turn as plain text
-        self._structured_at: dict[int, Message] = {}
+        # parser's split of the turn), for templates that refuse the turn as plain text; packed:
+        # most templates never read it
+        self._structured_at = PackedMessages()
         record = ResetRecord(
             plain_copy(prompt.task), len(rendered.ids), self._limit - len(rendered.ids), tuple(self._images)
         )
@@ -334,7 +355,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         return prompt_ids, info
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        if self._pieces is None:
+        if self._stream is None:
             raise ResetNeeded("call reset() before step()")
         if self._done:
             raise ResetNeeded("the episode is over; call reset() before step()")
@@ -344,8 +365,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         content_ids, closed_by = self._split_closing(ids)
         text = self.renderer.decode(content_ids)
         assistant: Message = {"role": "assistant", "content": text}
-        ids.setflags(write=False)  # validate_action's own copy: the piece and the step record share it
-        self._pieces.append(Piece("action", turn, ids, self.renderer.decode(ids)))
+        self._stream.append("action", turn, ids, self.renderer.decode(ids))
         self._num_tokens += len(ids)
         self._messages.append(assistant)
 
@@ -358,7 +378,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             stop_reason = "action_length"
         else:
             response = self.respond(
-                AssistantTurn(turn, ids.copy(), text, closed_by, list(self._messages))
+                AssistantTurn(turn, ids.copy(), text, closed_by, self._snapshot())
             )
             if not math.isfinite(float(response.reward)):
                 raise ValueError(
@@ -372,10 +392,10 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             elif turn + 1 >= self.max_turns:
                 stop_reason = "max_turns"
             if response.message is not None:
-                self._structured_at[len(self._messages) - 1] = plain_copy(dict(response.message))
+                self._structured_at[len(self._messages) - 1] = dict(response.message)
             elif response.tool_calls:
                 self._structured_at[len(self._messages) - 1] = {
-                    **assistant, "content": None, "tool_calls": plain_copy(list(response.tool_calls))
+                    **assistant, "content": None, "tool_calls": list(response.tool_calls)
                 }
 
         obs_ids: list[int] | np.ndarray = []
@@ -403,12 +423,13 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 has_user = any(m.get("role") == "user" for m in new)
                 obs_ids = frozen_ids(obs_ids)
                 if context_reset:  # the deployed context is not an extension of this one: a new sequence
-                    self._pieces = [Piece("prompt", turn, obs_ids, obs_text, has_user=True)]
+                    self._stream = TokenStream(self.renderer.decode)
+                    self._stream.append("prompt", turn, obs_ids, obs_text, has_user=True)
                     self._num_tokens = 0
                 else:
-                    self._pieces.append(Piece("observation", turn, obs_ids, obs_text, has_user=has_user, n_messages=len(new)))
+                    self._stream.append("observation", turn, obs_ids, obs_text, has_user=has_user, n_messages=len(new))
                 self._num_tokens += len(obs_ids)
-                self._messages.extend(plain_copy(new))
+                self._messages.extend(new if isinstance(self._messages, PackedList) else plain_copy(new))
 
         if step_images and not len(obs_ids):  # the observation did not fit: its images are not in the stream
             del self._images[len(self._images) - len(step_images):]
@@ -427,7 +448,6 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             num_action_tokens=len(ids),
             remaining_context=self._limit - self.num_tokens,
             conformance=conformance,
-            action_ids=ids,
             stop_reason=stop_reason,
             context_reset=context_reset,
             tool_rewards=_tool_rewards(turn, extra.get("tool_results")),
@@ -447,11 +467,11 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         tool's output or the model's text, which could move the cursor, rewrite earlier lines or
         retitle the terminal) are written out as ``\\xNN``; only newlines and tabs pass.
         """
-        if self.render_mode != "ansi" or self._pieces is None:
+        if self.render_mode != "ansi" or self._stream is None:
             return None
         controls = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (0x09, 0x0A)}
         return "".join(
-            f"\x1b[{'32' if p.kind == 'action' else '90'}m{p.text.translate(controls)}\x1b[0m" for p in self._pieces
+            f"\x1b[{'32' if p.kind == 'action' else '90'}m{p.text.translate(controls)}\x1b[0m" for p in self._stream.pieces()
         )
 
     # ------------------------------------------------------------- internals
@@ -610,7 +630,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         """``history="deploy"``: what the template renders for the whole conversation so far (what a
         deployed model is given), as the rest of the current sequence when it extends it, else as a
         new sequence (``True``)."""
-        assert self._pieces is not None
+        assert self._stream is not None
         messages = [*self._messages, *new]
         try:
             full = self.renderer.prompt(messages, self._tools, deployed=True)
@@ -623,30 +643,33 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 self._tools,
                 deployed=True,
             )
-        current = np.concatenate([p.ids for p in self._pieces]).tolist()
+        current = self._stream.tolist()
         if full.ids[: len(current)] == current:
             rest = list(full.ids[len(current):])
-            text = "".join(p.text for p in self._pieces)
+            text = self._stream.all_text()
             return rest, full.text[len(text):] if full.text.startswith(text) else self.renderer.decode(rest), False
         return list(full.ids), full.text, True
+
+    def _snapshot(self) -> Sequence[Message]:
+        """The conversation so far, as :meth:`respond` gets it (later turns do not change it)."""
+        return self._messages.snapshot() if isinstance(self._messages, PackedList) else list(self._messages)
 
     def _check(self, turn: int, *, final: bool) -> Conformance:
         if self.conformance_mode == "off":
             result = Conformance(turn=turn, status="off")
         elif not final and not is_scheduled(turn, self.conformance_schedule):
-            assert self._pieces is not None
-            result = deferred_conformance(
-                self.renderer, self._pieces, turn=turn, next_check=next_scheduled(turn, self.conformance_schedule)
+            assert self._stream is not None
+            result = deferred_conformance(  # reads this turn's pieces alone
+                self.renderer, self._stream.last_pieces(2 if turn else 3), turn=turn, next_check=next_scheduled(turn, self.conformance_schedule)
             )
         else:
-            assert self._pieces is not None
+            assert self._stream is not None
             result = check_conformance(
-                self.renderer, self._messages, self._tools, self._pieces, turn=turn, final=final,
-                structured=self._structured_at,
+                self.renderer, self._messages, self._tools, self._stream.pieces(), turn=turn, final=final,
+                structured=self._structured_at, remember=self.conformance_schedule == "every_turn",
             )
             if self.conformance_mode == "strict" and not result.ok:
                 raise ConformanceError(result)
-        self._conformance.append(result)
         return result
 
 

@@ -106,8 +106,8 @@ class Piece:
     kind: PieceKind
     turn: int
     ids: np.ndarray
-    """The piece's token ids: a read-only int64 array, the one the env returned (or took as the
-    action) and the recorder keeps, so the stream's ids are held once."""
+    """The piece's token ids: a read-only int64 array (made from the env's
+    :class:`~tokengym.envs.stream.TokenStream` when a check asks for its pieces)."""
     text: str
     has_user: bool = False  # an observation that renders a real user message
     n_messages: int = 1  # messages rendered in this piece (an observation may render none)
@@ -449,6 +449,7 @@ def check_conformance(
     turn: int,
     final: bool,
     structured: Mapping[int, Message] | None = None,
+    remember: bool = True,
 ) -> Conformance:
     """Compare the stream (``pieces``) with the template's rendering of ``messages``.
 
@@ -457,19 +458,22 @@ def check_conformance(
     the last action. ``structured`` (message index -> the turn as a server hands it to the
     template: its parsed calls, or Harmony's channels apart) is the second form tried when the
     template refuses assistant turns as plain text (Mistral's counts a message without
-    ``tool_calls`` as a turn of its own; gpt-oss's refuses channel tags in content).
+    ``tool_calls`` as a turn of its own; gpt-oss's refuses channel tags in content). ``remember``:
+    keep the messages' converted forms for the next check of the same history (see
+    :meth:`WholeRenderer.render`); False for a history checked on a sparse schedule, where keeping
+    them costs more memory than converting them again.
     """
     notes = _notes(renderer, pieces, turn)
     whole = whole_renderer(renderer)
     rendered_messages: Sequence[Message] = messages
     try:
-        expected = whole.render(messages, tools, add_generation_prompt=not final)
+        expected = whole.render(messages, tools, add_generation_prompt=not final, keep=remember)
     except TemplateError as err:
         try:
             if not structured:
                 raise
             replaced = [structured.get(i, m) for i, m in enumerate(messages)]
-            expected = whole.render(replaced, tools, add_generation_prompt=not final)
+            expected = whole.render(replaced, tools, add_generation_prompt=not final, keep=remember)
             rendered_messages = replaced
         except TemplateError:
             return Conformance(
@@ -522,7 +526,7 @@ def check_conformance(
         # (Gemma 4 places tool results inside the turn with calls): render them as a server would.
         replaced = [structured.get(i, m) for i, m in enumerate(messages)]
         try:
-            found = classify(whole.render(replaced, tools, add_generation_prompt=not final), replaced)
+            found = classify(whole.render(replaced, tools, add_generation_prompt=not final, keep=remember), replaced)
         except TemplateError:
             found = None
     if found is not None:
@@ -582,10 +586,26 @@ def deferred_conformance(renderer: ChatRenderer, pieces: Sequence[Piece], *, tur
             f"not compared with the template on this turn; the check on turn {next_check} or on the episode's "
             "last turn, whichever comes first, covers it (conformance_schedule='every_turn' checks each turn)"
         ))
+        _NEXT_OF.setdefault(detail, next_check)
     return Conformance(turn=turn, status="deferred", detail=detail, notes=notes)
 
 
 _DEFERRED: dict[int, str] = {}
+_NEXT_OF: dict[str, int] = {}
+
+
+def deferred_next(result: Conformance) -> int | None:
+    """The next check a deferred result names, when it says nothing else (no notes): such a result
+    is :func:`deferred_result` of its turn and that number, so a recorder may keep the two ints."""
+    if result.status != "deferred" or result.notes or result.behaviours or type(result) is not Conformance:
+        return None
+    next_check = _NEXT_OF.get(result.detail)
+    return next_check if next_check is not None and _DEFERRED[next_check] is result.detail else None
+
+
+def deferred_result(turn: int, next_check: int) -> Conformance:
+    """The deferred result of ``turn`` whose next check is ``next_check`` and that says nothing else."""
+    return Conformance(turn=turn, status="deferred", detail=_DEFERRED[next_check])
 
 
 def _added_text_as_text(renderer: ChatRenderer, piece: Piece) -> bool:

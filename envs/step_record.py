@@ -82,9 +82,6 @@ class StepRecord:
     episode_facts: dict[str, Any] = field(default_factory=dict)
     """The response's :data:`EPISODE_FACTS` that it reported (a copy, read it only; a record is
     pickled across processes, so no read-only proxy)."""
-    action_ids: Any = field(default=None, compare=False)
-    """The action's token ids as the env keeps them: a read-only int64 array the recorder keeps
-    instead of a copy of its own (None: the recorder copies the action it passed)."""
     images: tuple[Any, ...] = field(default=(), compare=False)
     """The observation's images (:class:`~tokengym.envs.images.StreamImage`: their runs at offsets
     in the stream), in stream order."""

@@ -265,12 +265,16 @@ class WholeRenderer:
                     )
                     return
 
-    def render(self, messages: Sequence[Message], tools: Sequence[Any] | None, *, add_generation_prompt: bool) -> str:
+    def render(
+        self, messages: Sequence[Message], tools: Sequence[Any] | None, *, add_generation_prompt: bool, keep: bool = True
+    ) -> str:
         """The template's text for ``messages``; raises the renderer's ``TemplateError`` as
-        ``render_text`` does when the template cannot render them."""
+        ``render_text`` does when the template cannot render them. ``keep``: remember each
+        message's converted form for the next render of the same history (a check every turn);
+        a caller that renders a history rarely passes False, and nothing of it is kept."""
         if self.unavailable is None:
             try:
-                return self._render(messages, tools, add_generation_prompt=add_generation_prompt)
+                return self._render(messages, tools, add_generation_prompt=add_generation_prompt, keep=keep)
             except Exception:  # render_text raises the template's own error, or retries with string arguments
                 if self.unavailable is not None:  # found out just now (a template compiled for other tools)
                     self._warn_unavailable(stacklevel=3)

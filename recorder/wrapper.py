@@ -8,6 +8,7 @@ to ``step(action, logprobs=...)``, and why the generation stopped as ``finish_re
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,27 +16,14 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.error import ResetNeeded
 
-from tokengym.envs.conformance import Conformance
+from tokengym.envs.conformance import Conformance, deferred_next, deferred_result
 from tokengym.envs.step_record import StepRecord, ToolReward, reset_record, step_record
+from tokengym.envs.stream import TokenStream
 
 from .segments import Segment, SegmentKind
 from .trajectory import Trajectory
 
 __all__ = ["RecordEpisodes"]
-
-
-def _shareable(ids: Any) -> bool:
-    """Whether an env's array may be kept as it is: a read-only 1-D int64 array that owns its data
-    (what :func:`tokengym.envs.chat.frozen_ids` makes), which no one can change under the recorder."""
-    return (
-        isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1
-        and not ids.flags.writeable and ids.base is None
-    )
-
-
-def _kept(obs: Any) -> np.ndarray:
-    """The observation's ids to record: the env's own array when it is shareable, else a copy."""
-    return obs if _shareable(obs) else np.array(obs, dtype=np.int64)
 
 
 class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]):
@@ -68,18 +56,75 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         self.keep = keep
         self.sampling = dict(sampling) if sampling else None
         self.trajectories: list[Trajectory] = []
-        self._segments: list[Segment] | None = None
+        self._stream: TokenStream | None = None
         self._images: list[Any] = []
+
+    # The current sequence's ids are the env's own token stream when it holds one whose pieces are
+    # exactly what the recorder was given (checked every step: a wrapper in between may change
+    # actions or observations); otherwise the recorder keeps its own. Beside them it keeps only
+    # what the env does not know, one entry per action: logprobs, reward, finish reason.
+    def _start(self, obs: Any, prompt_turn: int) -> None:
+        """A new sequence whose prompt is ``obs``."""
+        found = getattr(self.env.unwrapped, "token_stream", None)
+        obs = np.asarray(obs)
+        if isinstance(found, TokenStream) and found.num_pieces == 1 and found.piece_equals(0, obs):
+            self._stream, self._shared = found, True
+        else:
+            self._stream, self._shared = TokenStream(_no_text), False
+            self._stream.append("prompt", prompt_turn, obs, "")
+        self._prompt_turn = prompt_turn
+        self._pieces = 1  # pieces of the stream recorded so far
+        self._logprobs = array("f")
+        self._given = bytearray()  # per action: 1 when its logprobs were given
+        self._rewards = array("d")
+        self._finish: list[str | None] = []
+        self._conf_turns = array("i")  # per result: its turn, and its next check when it is a plain
+        self._conf_next = array("i")  # deferred one (-1: the result itself is in _conf_kept)
+        self._conf_kept: dict[int, Conformance] = {}
+
+    def _take(self, action: np.ndarray, obs: np.ndarray, turn: int, new_sequence: bool) -> TokenStream | None:
+        """Record the step's action and observation ids; the stream of the sequence this step
+        ended (when ``new_sequence``), to be made a row."""
+        stream, k = self._stream, self._pieces
+        assert stream is not None
+        now = getattr(self.env.unwrapped, "token_stream", None)
+        if self._shared:
+            ok = stream.num_pieces > k and stream.kind(k) == "action" and stream.piece_equals(k, action)
+            if new_sequence:
+                ok = ok and stream.num_pieces == k + 1 and isinstance(now, TokenStream) and now is not stream
+                ok = ok and now.num_pieces == 1 and now.piece_equals(0, obs)
+            elif len(obs):
+                ok = ok and now is stream and stream.num_pieces == k + 2 and stream.piece_equals(k + 1, obs)
+            else:
+                ok = ok and now is stream and stream.num_pieces == k + 1
+            if ok:
+                self._pieces = k + 1 if new_sequence else stream.num_pieces
+                if new_sequence:
+                    self._stream = now
+                return stream if new_sequence else None
+            own = TokenStream(_no_text)  # the env's stream is not what was given: keep our own from here
+            for j in range(k):
+                own.append(stream.kind(j), stream.turn(j), stream.ids(*stream.span(j)), "")
+            self._stream, self._shared, stream = own, False, own
+        stream.append("action", turn, action, "")
+        self._pieces = k + 1
+        if new_sequence:
+            self._stream = TokenStream(_no_text)
+            self._stream.append("prompt", turn + 1, obs, "")
+            return stream
+        if len(obs):
+            stream.append("observation", turn, obs, "")
+            self._pieces += 1
+        return None
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
-        self._segments = [Segment(SegmentKind.PROMPT, _kept(obs), 0)]
+        self._start(obs, 0)
         self._sequences: list[Trajectory] = []
         self._finished: list[Trajectory] = []
         self._seed = seed
-        self._conformance: list[Conformance] = []  # as the env gave them; dicts only when a row is made
         record = reset_record(info)
         self._task = record.task
         self._tool_rewards: list[ToolReward] = []
@@ -91,7 +136,7 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """``env.step(action)``, recording the action (with its ``logprobs`` and ``finish_reason``:
         ``"stop"``, ``"stop_string"`` or ``"length"``, when the caller knows them) and the observation."""
-        if self._segments is None:
+        if self._stream is None:
             raise ResetNeeded("call reset() before step()")
         given = np.asarray(action)
         ids = given if given.dtype.kind in "iu" else None
@@ -104,41 +149,84 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         assert ids is not None  # the env accepted the action, so it was integer ids
         record = step_record(info)
         turn = record.turn
-        kept = record.action_ids
-        if not (_shareable(kept) and np.array_equal(kept, ids)):  # the env keeps no copy we may share
-            kept = np.array(ids, dtype=np.int64, copy=True)
-        ids = kept
-        self._segments.append(Segment(SegmentKind.ACTION, ids, turn, logprobs=logprobs, reward=float(reward), finish_reason=finish_reason))
         reset = record.context_reset and not (terminated or truncated)
-        if record.images:
-            if reset:
-                raise ValueError("a new context mid-episode (history='deploy') with images is not recorded yet")
-            self._images.extend(record.images)
-        if reset:  # history="deploy": the next context is not an extension of this one; a new row
-            self._sequences.append(self._trajectory(record, False, False, "context_reset"))
-            self._segments = [Segment(SegmentKind.PROMPT, _kept(obs), turn + 1)]
-            self._conformance = []
-        elif len(obs):
-            self._segments.append(Segment(SegmentKind.OBSERVATION, _kept(obs), turn))
+        if record.images and reset:
+            raise ValueError("a new context mid-episode (history='deploy') with images is not recorded yet")
+        ended = self._take(ids.reshape(-1), np.asarray(obs).reshape(-1), turn, reset)
+        if logprobs is not None:
+            self._logprobs.extend(np.asarray(logprobs, dtype=np.float32).reshape(-1).tolist())
+        self._given.append(logprobs is not None)
+        self._rewards.append(float(reward))
+        self._finish.append(None if finish_reason is None else str(finish_reason))
+        self._images.extend(record.images)
         self._tool_rewards.extend(record.tool_rewards)
-        if reset:
-            self._sequences[-1].conformance.append(record.conformance.as_dict())
+        if ended is not None:  # history="deploy": the next context is not an extension of this one; a new row
+            row = self._trajectory(ended, record, False, False, "context_reset")
+            row.conformance.append(record.conformance.as_dict())
+            self._sequences.append(row)
+            self._start_sidecar(turn + 1)
         else:
-            self._conformance.append(record.conformance)
+            self._keep_conformance(record.conformance)
         if terminated or truncated:
-            info["trajectory"] = self._finish(record, terminated, truncated)
+            info["trajectory"] = self._finish_episode(record, terminated, truncated)
             if len(self._finished) > 1:
                 info["sequences"] = self._finished
         return obs, reward, terminated, truncated, info
 
-    def _finish(self, record: StepRecord, terminated: bool, truncated: bool) -> Trajectory:
+    def _start_sidecar(self, prompt_turn: int) -> None:
+        """Empty the per-action records for the new sequence (its ids are already taken)."""
+        stream, shared = self._stream, self._shared
+        assert stream is not None
+        self._start(np.zeros(0, dtype=np.int64), prompt_turn)
+        self._stream, self._shared = stream, shared
+
+    def _keep_conformance(self, result: Conformance) -> None:
+        next_check = deferred_next(result)
+        self._conf_turns.append(result.turn)
+        self._conf_next.append(-1 if next_check is None else next_check)
+        if next_check is None:
+            self._conf_kept[len(self._conf_next) - 1] = result
+
+    def _conformance_dicts(self) -> list[dict[str, Any]]:
+        return [
+            (self._conf_kept[i] if n < 0 else deferred_result(t, n)).as_dict()
+            for i, (t, n) in enumerate(zip(self._conf_turns, self._conf_next))
+        ]
+
+    @property
+    def _segments(self) -> list[Segment] | None:
+        """The current sequence's segments so far, materialized (for tests and debugging)."""
+        return None if self._stream is None else self._segments_of(self._stream)
+
+    def _segments_of(self, stream: TokenStream) -> list[Segment]:
+        """The recorded sequence as segments (new arrays: the trajectory owns them)."""
+        out: list[Segment] = []
+        lp = np.frombuffer(self._logprobs, dtype=np.float32) if self._logprobs else np.zeros(0, np.float32)
+        action, at = 0, 0
+        for k in range(self._pieces if stream is self._stream else stream.num_pieces):
+            kind, ids = stream.kind(k), stream.piece_ids(k)
+            if kind == "action":
+                logprobs = None
+                if self._given[action]:
+                    logprobs, at = lp[at : at + len(ids)].copy(), at + len(ids)
+                out.append(Segment(SegmentKind.ACTION, ids, stream.turn(k), logprobs=logprobs,
+                                   reward=self._rewards[action], finish_reason=self._finish[action]))
+                action += 1
+            elif kind == "prompt":
+                out.append(Segment(SegmentKind.PROMPT, ids, self._prompt_turn))
+            else:
+                out.append(Segment(SegmentKind.OBSERVATION, ids, stream.turn(k)))
+        return out
+
+    def _finish_episode(self, record: StepRecord, terminated: bool, truncated: bool) -> Trajectory:
         """The episode's last row; every row of it (one per sequence) is in ``self._finished``."""
-        last = self._trajectory(record, terminated, truncated, None)
+        assert self._stream is not None
+        last = self._trajectory(self._stream, record, terminated, truncated, None)
         rows = [*self._sequences, last]
         if len(rows) > 1:
             for k, row in enumerate(rows):
                 row.metadata.update({"sequence": k, "sequences": len(rows)})
-        self._segments = None
+        self._stream = None
         self._finished = rows
         for row in rows:
             if self.keep:
@@ -147,8 +235,9 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
                 self.on_episode(row)
         return last
 
-    def _trajectory(self, record: StepRecord, terminated: bool, truncated: bool, stop_reason: str | None) -> Trajectory:
-        assert self._segments is not None
+    def _trajectory(
+        self, stream: TokenStream, record: StepRecord, terminated: bool, truncated: bool, stop_reason: str | None
+    ) -> Trajectory:
         # The unwrapped env's own spec: a wrapper's `spec` property deep-copies it, tokenizer included (~1 s).
         spec = getattr(self.env.unwrapped, "spec", None)
         metadata: dict[str, Any] = {}
@@ -160,13 +249,13 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         if self._tool_rewards and stop_reason != "context_reset":  # episode-level: on the last row
             metadata["tool_rewards"] = [r.as_dict() for r in self._tool_rewards]
         traj = Trajectory(
-            segments=self._segments,
+            segments=self._segments_of(stream),
             env_id=spec.id if spec is not None else type(self.env.unwrapped).__name__,
             seed=self._seed,
             stop_reason=stop_reason or record.stop_reason or ("terminated" if terminated else "truncated"),
             terminated=bool(terminated),
             truncated=bool(truncated),
-            conformance=[c.as_dict() for c in self._conformance],
+            conformance=self._conformance_dicts(),
             sampling=self.sampling,
             metadata=metadata,
             images=list(self._images),
@@ -174,13 +263,12 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         return traj
 
     def context_ids(self) -> list[int]:
-        """The token ids of the episode's current context, what the policy continues next: the
-        recorded segments' ids (shared with the env where it keeps read-only arrays), joined;
-        with the images they hold, when there are any (a
-        :class:`~tokengym.policies.base.VisionContext`)."""
-        if self._segments is None:
+        """The token ids of the episode's current context, what the policy continues next: read
+        from the env's own token stream where it keeps one (no copy of them here), with the
+        images they hold, when there are any (a :class:`~tokengym.policies.base.VisionContext`)."""
+        if self._stream is None:
             raise ResetNeeded("no episode is under way: call reset() first")
-        ids = np.concatenate([s.token_ids for s in self._segments]).tolist()
+        ids = self._stream.tolist()
         if self._images:
             from tokengym.policies.base import VisionContext
 
@@ -191,3 +279,7 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         """Finished trajectories since the last call; the list is emptied."""
         out, self.trajectories = self.trajectories, []
         return out
+
+
+def _no_text(ids: Sequence[int]) -> str:
+    raise AssertionError("the recorder's own stream keeps no text")

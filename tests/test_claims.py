@@ -81,7 +81,9 @@ def scale_claim() -> str:
         f"({small['rollout_ms_per_turn']:.2f} ms at {small['in_flight']:,} in flight, "
         f"{large['rollout_ms_per_turn']:.2f} ms at {large['in_flight']:,}), building an env costs "
         f"{at['build_ms_per_env']:.1f} ms, and an episode in flight keeps "
-        f"{stored['memory']['bytes_per_token']:.0f} bytes per context token "
+        f"{stored['memory']['bytes_per_token']:.0f} bytes per context token on those short turns "
+        f"({stored['memory']['marginal_bytes_per_token']:.0f} per token and "
+        f"{stored['memory']['bytes_per_turn'] / 1000:.1f} kB per turn whatever its length) "
         f"(`python benchmarks/scale.py --json benchmarks/results/scale.json`"
         + ("" if met else "; it exits 1: the goals of 0.5 ms, 1.5x, flat within 1.2x and 16 B are not all met")
         + ")"

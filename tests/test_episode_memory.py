@@ -22,10 +22,12 @@ from tokengym.recorder.drivers.episodes import EpisodeSlot, plan_tasks
 CALL = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * (3 + 4)"}}\n</tool_call>'
 TURNS = 48
 
-BYTES_PER_TOKEN = 24
-"""What one more context token may cost (ids, logprobs, the text they decode to): about 20 now."""
-BYTES_PER_TURN = 5000
-"""What one more turn may cost whatever its length (its records, messages, pieces): about 3,900 now."""
+BYTES_PER_TOKEN = 14
+"""What one more context token may cost (int32 ids, float32 logprobs, the action's text in its
+message): about 12 now (20 when each piece was its own int64 array and its text was kept)."""
+BYTES_PER_TURN = 1400
+"""What one more turn may cost whatever its length (its messages, the stream's table, the packed
+parsed calls, the recorder's entries): about 1,100 now (3,900 before the compact stream)."""
 
 
 def _kept(qwen3, words: int) -> tuple[float, float]:

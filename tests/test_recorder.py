@@ -133,15 +133,34 @@ def test_the_stream_is_held_once_by_the_env_and_shared_with_the_recorder_and_the
     env, rec = slot.env.unwrapped, slot.env
     action = env.reference_action()
     obs, *_ = rec.step(action)
+    assert rec._shared and rec._stream is env.token_stream  # the recorder reads the env's own ids
     pieces, segments = env._pieces, rec._segments
     assert [p.kind for p in pieces] == [s.kind.value for s in segments] == ["prompt", "action", "observation"]
     for p, s in zip(pieces, segments):
-        assert np.shares_memory(p.ids, s.token_ids) and not p.ids.flags.writeable  # one copy of the ids
-    assert np.shares_memory(obs, segments[2].token_ids)
-    assert not np.shares_memory(segments[1].token_ids, np.asarray(action))  # the caller's action is copied
-    assert slot.stream == np.concatenate([p.ids for p in pieces]).tolist()
+        assert p.ids.tolist() == s.token_ids.tolist() and not p.ids.flags.writeable
+    assert segments[2].token_ids.tolist() == obs.tolist() and segments[1].token_ids.tolist() == list(action)
+    assert slot.stream == np.concatenate([p.ids for p in pieces]).tolist() == env.token_stream.tolist()
+    assert env.token_stream.ids().dtype == np.int64 and env.token_stream._ids.typecode == "i"  # int32 inside
     with pytest.raises(ValueError, match="read-only"):
-        obs[0] = 1  # what the env returned is what it keeps: no one may change it
+        obs[0] = 1  # what the env returned cannot be changed under anyone
+
+
+def test_a_wrapper_that_changes_what_the_env_returns_makes_the_recorder_keep_its_own_ids(qwen25):
+    class Appends(gym.Wrapper):
+        """Adds a token to every observation after the first step: the policy sees more than the env keeps."""
+
+        def step(self, action):
+            obs, *rest = self.env.step(action)
+            return np.concatenate([obs, [11]]), *rest
+
+    rec = RecordEpisodes(Appends(ReplayEnv(qwen25, max_turns=3)))
+    prompt, _ = rec.reset(seed=0)
+    assert rec._shared  # the prompt was passed on as the env made it
+    action = rec.unwrapped.reference_action()
+    obs, *_ = rec.step(action)
+    assert not rec._shared and obs[-1] == 11
+    assert rec.context_ids() == [*prompt.tolist(), *action, *obs.tolist()]  # what the policy was given
+    assert [s.token_ids.tolist() for s in rec._segments] == [prompt.tolist(), list(action), obs.tolist()]
 
 
 def test_a_wrappers_writable_arrays_are_copied_by_the_recorder(qwen25):

@@ -124,7 +124,7 @@ class SandboxToolEnv(ToolEnv):
             raise
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        if self._pieces is not None and not self._done:
+        if self._stream is not None and not self._done:
             self.validate_action(action)  # a malformed action is the caller's to fix: the episode goes on
         try:
             out = super().step(action)

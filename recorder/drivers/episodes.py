@@ -341,8 +341,8 @@ class EpisodeSlot:
 
     @property
     def stream(self) -> list[int]:
-        """The context the policy continues next: the recorder's segments, which share the env's
-        arrays (the stream is held once, as int64 arrays, not again as a list here)."""
+        """The context the policy continues next, read from the env's token stream through the
+        recorder (the stream is held once, as int32 there, not again here)."""
         return self.recorder.context_ids()
 
     def params(self, base: SamplingParams) -> SamplingParams:

@@ -237,6 +237,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         if vision is not None:
             self._probe_images()
         self._stream: TokenStream | None = None
+        self._checked_pieces: list[Piece] | None = None  # during a whole check: its pieces (their texts)
         self._num_tokens = 0
         self._done = False
         self._images: list[StreamImage] = []
@@ -327,7 +328,10 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         # The conversation: packed (a third of the dicts' memory) where a sparse schedule reads it
         # rarely; as dicts where every turn's check renders it (the renderer remembers their forms).
         self._messages: PackedList | list[Message] = (
-            plain_copy(prompt_messages) if self.conformance_schedule == "every_turn" else PackedList(prompt_messages)
+            plain_copy(prompt_messages) if self.conformance_schedule == "every_turn"
+            # an assistant message is its action piece (the stream holds its text), except where a
+            # deploy history may start a new stream
+            else PackedList(prompt_messages, resolve=None if self.history == "deploy" else self._assistant_messages)
         )
         prompt_ids = frozen_ids(rendered.ids)
         self._stream = TokenStream(self.renderer.decode)
@@ -365,9 +369,14 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
         content_ids, closed_by = self._split_closing(ids)
         text = self.renderer.decode(content_ids)
         assistant: Message = {"role": "assistant", "content": text}
-        self._stream.append("action", turn, ids, self.renderer.decode(ids))
+        full = self.renderer.decode(ids)
+        closing = len(full) - len(text) if full.startswith(text) else None
+        self._stream.append("action", turn, ids, full, closing_chars=closing)
         self._num_tokens += len(ids)
-        self._messages.append(assistant)
+        if isinstance(self._messages, PackedList) and self._messages.holds_refs:
+            self._messages.append_ref(self._stream.num_pieces - 1)
+        else:
+            self._messages.append(assistant)
 
         stop_reason: str | None = None
         if self.num_tokens > self._limit:  # the action alone runs past the context: not scored
@@ -650,6 +659,20 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             return rest, full.text[len(text):] if full.text.startswith(text) else self.renderer.decode(rest), False
         return list(full.ids), full.text, True
 
+    def _assistant_messages(self, pieces: Sequence[int]) -> list[Message]:
+        """The assistant messages of action pieces ``pieces`` of the current stream, as :meth:`step`
+        made them: each one's text less its closing tokens' (the text a check has at hand, else
+        decoded again), or its content's ids decoded where that split was not recorded."""
+        stream, at_hand = self._stream, self._checked_pieces
+        assert stream is not None
+        out: list[Message] = []
+        for p in pieces:
+            content = stream.content(p, at_hand[p].text if at_hand is not None and p < len(at_hand) else None)
+            if content is None:
+                content = self.renderer.decode(self._split_closing(stream.piece_ids(p))[0])
+            out.append({"role": "assistant", "content": content})
+        return out
+
     def _snapshot(self) -> Sequence[Message]:
         """The conversation so far, as :meth:`respond` gets it (later turns do not change it)."""
         return self._messages.snapshot() if isinstance(self._messages, PackedList) else list(self._messages)
@@ -664,10 +687,14 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             )
         else:
             assert self._stream is not None
-            result = check_conformance(
-                self.renderer, self._messages, self._tools, self._stream.pieces(), turn=turn, final=final,
-                structured=self._structured_at, remember=self.conformance_schedule == "every_turn",
-            )
+            self._checked_pieces = pieces = self._stream.pieces()  # the messages' references read their texts
+            try:
+                result = check_conformance(
+                    self.renderer, self._messages, self._tools, pieces, turn=turn, final=final,
+                    structured=self._structured_at, remember=self.conformance_schedule == "every_turn",
+                )
+            finally:
+                self._checked_pieces = None
             if self.conformance_mode == "strict" and not result.ok:
                 raise ConformanceError(result)
         return result

@@ -20,14 +20,18 @@ from tokengym.recorder import RecordEpisodes
 from tokengym.recorder.drivers.episodes import EpisodeSlot, plan_tasks
 
 CALL = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * (3 + 4)"}}\n</tool_call>'
-TURNS = 48
+TURNS = 128  # as benchmarks/scale.py: fewer turns measure a buffer's growth steps more than its size
 
-BYTES_PER_TOKEN = 14
-"""What one more context token may cost (int32 ids, float32 logprobs, the action's text in its
-message): about 12 now (20 when each piece was its own int64 array and its text was kept)."""
-BYTES_PER_TURN = 1400
-"""What one more turn may cost whatever its length (its messages, the stream's table, the packed
-parsed calls, the recorder's entries): about 1,100 now (3,900 before the compact stream)."""
+BYTES_PER_TOKEN = 10
+"""What one more context token may cost (int32 ids, float32 logprobs, a byte per action for the
+recorder): about 8.4 now (20 when each piece was its own int64 array and its text was kept)."""
+BYTES_PER_TURN = 400
+"""What one more turn may cost whatever its length (the packed tool message and parsed calls, the
+reference that stands for the assistant message, the stream's table, the recorder's entries):
+about 220 now (3,900 before the compact stream)."""
+BYTES_PER_SHORT_TOKEN = 16
+"""The cost-of-scale goal: what a context token of the issue's workload (42-token turns) costs,
+its turn's share included: about 13.7 now (180 before the compact stream)."""
 
 
 def _kept(qwen3, words: int) -> tuple[float, float]:
@@ -63,3 +67,5 @@ def test_an_episode_in_flight_keeps_a_bounded_number_of_bytes_per_token_and_per_
     per_turn = short_b - per_token * short_t
     assert 0 < per_token <= BYTES_PER_TOKEN, f"{per_token:.1f} B per context token (bound {BYTES_PER_TOKEN})"
     assert per_turn <= BYTES_PER_TURN, f"{per_turn:.0f} B per turn (bound {BYTES_PER_TURN})"
+    short = short_b / short_t
+    assert short <= BYTES_PER_SHORT_TOKEN, f"{short:.1f} B per token on 42-token turns (bound {BYTES_PER_SHORT_TOKEN})"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
 from tokengym.envs import CalculatorEnv
 from tokengym.envs.conformance import Conformance, deferred_conformance, deferred_next, deferred_result
-from tokengym.envs.packed import PackedMessages
+from tokengym.envs.packed import PackedList, PackedMessages
 from tokengym.envs.stream import TokenStream
 
 CALL = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "6 * 7"}}\n</tool_call>'
@@ -26,6 +28,8 @@ def test_a_stream_holds_its_pieces_as_int32_and_gives_them_back_as_new_int64_arr
     s.append("action", 0, first, qwen3.decode(first))
     s.append("observation", 0, [7, 8], "é\n", n_messages=2)
     s.append("action", 1, second, qwen3.decode(second))
+    assert decoded == [[1, 2, 3], [7, 8]]  # a prompt's or observation's ids are decoded once, to see whether its text must be kept
+    decoded.clear()
     assert len(s) == 5 + len(first) + len(second) and s.num_pieces == 4
     assert s.tolist() == [1, 2, 3, *first, 7, 8, *second] and s._ids.itemsize == 4
     ids = s.piece_ids(2)
@@ -92,3 +96,76 @@ def test_a_deferred_result_that_says_nothing_else_is_two_ints(qwen3):
     assert deferred_next(with_notes) is None
     assert deferred_next(Conformance(turn=4, status="ok")) is None
     assert deferred_next(Conformance(turn=4, status="deferred", detail="another text")) is None
+
+
+def test_a_packed_list_gives_back_what_it_was_given_and_a_reference_reads_as_its_piece():
+    class Note:
+        def __eq__(self, other):
+            return isinstance(other, Note)
+
+    odd = [
+        {"role": "tool", "content": "84", "tool_call_id": "call_0_0", "name": "calculate"},
+        {"a": (1, (2, [3, {"b": ()}])), 7: "int key", "c": [None, True, 2.5, b"x", {"d": -1}]},
+        {"role": "user", "content": Note()},  # marshal cannot encode it: kept as a copy
+        {"role": "assistant", "content": "x" * 300, "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+    ]
+    calls = []
+
+    def resolve(pieces):
+        calls.append(list(pieces))
+        return [{"role": "assistant", "content": f"piece {k}"} for k in pieces]
+
+    packed = PackedList(odd[:2], resolve=resolve)
+    packed.append(odd[2])
+    packed.append_ref(5)
+    packed.extend(odd[3:])
+    assert packed.holds_refs and len(packed) == 5 and calls == []
+    assert packed[3] == {"role": "assistant", "content": "piece 5"} and calls == [[5]]
+    assert packed[:3] == odd[:3] and packed[4] == odd[3] and packed[-1] == odd[3]
+    assert type(packed[1]["a"]) is tuple and type(packed[1]["a"][1][1]) is list
+    got = packed[0]
+    got["content"] = "changed"
+    assert packed[0] == odd[0] and packed[2]["content"] is not packed[2]["content"]
+    snapshot = packed.snapshot()
+    packed.append({"role": "user", "content": "later"})
+    assert len(snapshot) == 5 and list(snapshot)[:3] == odd[:3] and len(packed) == 6
+    with pytest.raises(IndexError):
+        packed[6]
+    packed.append_ref(7)
+    del calls[:]
+    assert [m.get("content") for m in packed][3:] == ["piece 5", odd[3]["content"], "later", "piece 7"]
+    assert calls == [[5, 7]]  # a whole read resolves its references in one call
+    # a pickle (another process) gets the messages themselves: references and key numbers stay here
+    plain = PackedList(odd[:2], resolve=resolve)
+    plain.append_ref(1)
+    again = pickle.loads(pickle.dumps(plain))
+    assert list(again) == [*odd[:2], {"role": "assistant", "content": "piece 1"}] and not again.holds_refs
+    with pytest.raises(ValueError, match="resolve="):
+        PackedList().append_ref(0)
+
+
+def test_packed_messages_keep_their_keys_in_order_whatever_the_order_of_writes():
+    packed = PackedMessages()
+    packed[4] = {"role": "assistant", "content": None, "tool_calls": [{"id": "a"}]}
+    packed[9] = {"role": "assistant", "content": None}
+    packed[2] = {"role": "assistant", "content": "early"}  # written out of order: still found
+    assert list(packed) == [2, 4, 9] and 4 in packed and 5 not in packed and packed[2]["content"] == "early"
+    assert packed.pop(4)["tool_calls"] == [{"id": "a"}] and list(packed) == [2, 9] and packed[9]["content"] is None
+    packed[9] = {"role": "assistant", "content": "replaced"}
+    assert packed[9]["content"] == "replaced" and len(packed) == 2
+    assert dict(pickle.loads(pickle.dumps(packed))) == dict(packed)
+    with pytest.raises(KeyError):
+        packed[3]
+
+
+def test_an_env_reads_its_assistant_messages_back_from_the_stream_except_under_a_deploy_history(qwen3):
+    action_text = CALL
+    for history in ("keep", "deploy"):
+        env = CalculatorEnv(qwen3, max_turns=4, history=history)
+        env.reset(seed=0)
+        action = env.renderer.encode_action_text(action_text) + list(env.renderer.turn_end_ids)
+        env.step(action)
+        env.step(action)
+        assistants = [m for m in env.messages if m["role"] == "assistant"]
+        assert assistants == [{"role": "assistant", "content": action_text}] * 2
+        assert env._messages.holds_refs is (history == "keep")

@@ -164,12 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--append", action="store_true", help="add --episodes new episodes (new seeds) to an existing store")
     r.add_argument("--quiet", action="store_true", help="no progress bar, no model or template lines, no library's bars (the store's plan, the summary and errors stay)")
     r.add_argument(
-        "--backend", choices=["local", "ray"], default="local",
-        help="local: this process (default, no Ray); ray: env workers and policy engines as Ray actors",
+        "--backend", choices=["local", "processes", "ray"], default="local",
+        help="local: this process (default, no Ray); processes: env steps in local worker processes, the policy "
+        "in this one; ray: env workers and policy engines as Ray actors",
     )
     r.add_argument("--address", help="with --backend ray: the cluster (auto, HOST:PORT, ray://HOST:10001); default: a local Ray")
     r.add_argument("--engines", type=int, help="with --backend ray: policy engine actors (default 1)")
-    r.add_argument("--workers", type=int, help="with --backend ray: env worker actors (default: one per free CPU)")
+    r.add_argument("--workers", type=int, help="with --backend processes or ray: env worker processes or actors "
+                   "(default: one per CPU, less the driver's for processes; one per free CPU for ray)")
     r.set_defaults(func=cmd_rollout)
 
     from .inspect_store import add_inspect_parser

@@ -97,8 +97,12 @@ def _rollout(args: argparse.Namespace) -> int:
         raise ValueError("pass --model (and --tokenizer when it differs), or --tokenizer for --policy scripted")
     if args.policy != "scripted" and not args.model:
         raise ValueError(f"--policy {args.policy} needs --model")
-    if args.backend == "local" and (args.address or args.engines is not None or args.workers is not None):
-        raise ValueError("--address, --engines and --workers are for --backend ray")
+    if args.backend != "ray" and (args.address or args.engines is not None):
+        raise ValueError("--address and --engines are for --backend ray")
+    if args.backend == "local" and args.workers is not None:
+        raise ValueError("--workers is for --backend processes or ray")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {args.workers}")
     tasks = _read_tasks(args.tasks) if args.tasks else None
     if args.group_size < 1:
         raise ValueError(f"--group-size must be at least 1, got {args.group_size}")
@@ -112,8 +116,8 @@ def _rollout(args: argparse.Namespace) -> int:
         if not (value >= 0 and value != float("inf")):
             raise ValueError(f"{flag} must be a number of seconds >= 0 (0: no limit), got {value}")
     deadlines = Deadlines(step_s=args.step_timeout or None, generate_s=args.turn_timeout or None)
-    if args.backend == "ray" and args.schedule == "lockstep":
-        raise ValueError("--schedule lockstep is for --backend local: Ray runs every episode at its own pace")
+    if args.backend != "local" and args.schedule == "lockstep":
+        raise ValueError(f"--schedule lockstep is for --backend local: --backend {args.backend} runs every episode at its own pace")
     say = _quiet_print if args.quiet else _print
     if args.policy in ("hf", "vllm"):
         check_local_path(args.model)  # a mistyped folder fails now, not after the hub's retries
@@ -137,6 +141,15 @@ def _rollout(args: argparse.Namespace) -> int:
         # Each engine actor builds its own policy, each env worker loads the tokenizer once.
         env_tokenizer: Any = args.tokenizer or args.model
         policy: Any = policy_factory(args, engine_kwargs, env_tokenizer)
+        stopped = (RolloutError,)
+    elif args.backend == "processes":
+        from tokengym.recorder.drivers.process_backend import ProcessBackend
+        from tokengym.recorder.drivers.ray_backend import RolloutError
+
+        backend = ProcessBackend(num_workers=args.workers)
+        # The policy samples here; each worker process loads the tokenizer once for its env copies.
+        env_tokenizer = args.tokenizer or args.model
+        policy = policy_factory(args, engine_kwargs, tokenizer)()
         stopped = (RolloutError,)
     else:
         backend, env_tokenizer = "local", tokenizer
@@ -206,7 +219,8 @@ def _rollout(args: argparse.Namespace) -> int:
 
 EXIT_OK = 0
 EXIT_RUN_STOPPED = 1
-"""The run could not go on (Ray backend: an engine died for good, no env worker left); finished episodes were kept."""
+"""The run could not go on (an engine died for good, no env worker left, a worker could not start); finished
+episodes were kept."""
 EXIT_USAGE = 2
 """Bad arguments, or the store refused the run (other settings or tokenizer, damaged, disk full)."""
 EXIT_EPISODES_FAILED = 3

@@ -32,7 +32,7 @@ from .episodes import EpisodeError, EpisodeSlot, EpisodeTask, PolicyFactory, bui
 from .runner import EngineLost, play
 from .step_pool import Deadlines, StepThreads
 
-__all__ = ["EnvWorker", "PolicyEngine", "root_cause", "short_error"]
+__all__ = ["EnvWorker", "PolicyEngine", "root_cause", "short_error", "worker_env_factory"]
 
 log = logging.getLogger("tokengym.ray")
 
@@ -48,6 +48,20 @@ def short_error(err: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def worker_env_factory(make_env: Callable[[], gym.Env] | str, env_kwargs: dict[str, Any] | None) -> Callable[[], gym.Env]:
+    """The env factory of a worker process (a Ray env worker, a process-pool worker): an env id
+    resolved there as in the caller's process (``module:id``, declared envs), and a tokenizer named
+    by a string loaded once for all of the worker's env copies (as the CLI does locally)."""
+    from tokengym.envs import load_tokenizer
+    from tokengym.envs.registry import EnvRef
+
+    if isinstance(make_env, str):
+        make_env, env_kwargs = EnvRef(make_env, (), dict(env_kwargs or {})), None
+    if isinstance(make_env, EnvRef) and isinstance(make_env.kwargs.get("tokenizer"), (str, os.PathLike)):
+        make_env = make_env.with_kwargs(tokenizer=load_tokenizer(make_env.kwargs["tokenizer"]))
+    return env_factory(make_env, env_kwargs)
+
+
 class EnvWorker:
     """``slots`` env copies in one process; runs whole episodes, one per slot at a time.
 
@@ -56,16 +70,7 @@ class EnvWorker:
     """
 
     def __init__(self, make_env: Callable[[], gym.Env] | str, env_kwargs: dict[str, Any] | None, slots: int) -> None:
-        from tokengym.envs import load_tokenizer
-        from tokengym.envs.registry import EnvRef
-
-        if isinstance(make_env, str):
-            # Resolved here as in the caller's process: module:id, declared envs (tokengym.envs.registry).
-            make_env, env_kwargs = EnvRef(make_env, (), dict(env_kwargs or {})), None
-        if isinstance(make_env, EnvRef) and isinstance(make_env.kwargs.get("tokenizer"), (str, os.PathLike)):
-            # Load a named tokenizer once for all of this worker's env copies (as the CLI does locally).
-            make_env = make_env.with_kwargs(tokenizer=load_tokenizer(make_env.kwargs["tokenizer"]))
-        self._factory = env_factory(make_env, env_kwargs)
+        self._factory = worker_env_factory(make_env, env_kwargs)
         self._envs = [RecordEpisodes(self._factory(), keep=False) for _ in range(slots)]
         self._stuck: list[RecordEpisodes] = []  # copies a hung step or reset still holds
         self._lock = threading.Lock()

@@ -110,9 +110,12 @@ def rollout(
         tasks: reset options per group (``tasks[group % len(tasks)]``: cycled); with
             ``episodes=None`` each task runs once (``len(tasks) * group_size`` episodes). Without
             it the env picks each group's task from the group's seed.
-        backend: ``"local"`` (the default: this process, no Ray), ``"ray"`` (env workers and
-            policy engines as Ray actors, :class:`~tokengym.recorder.drivers.ray_backend.RayBackend` with
-            its defaults), or a configured ``RayBackend``.
+        backend: ``"local"`` (the default: this process, no Ray), ``"processes"`` (env steps in
+            local worker processes, the policy here:
+            :class:`~tokengym.recorder.drivers.process_backend.ProcessBackend` with its defaults), ``"ray"``
+            (env workers and policy engines as Ray actors,
+            :class:`~tokengym.recorder.drivers.ray_backend.RayBackend` with its defaults), or a
+            configured ``ProcessBackend`` or ``RayBackend``.
         address: with ``backend="ray"``: the cluster to connect to (``"auto"``, ``"HOST:PORT"``,
             ``"ray://HOST:10001"``); None starts a local Ray unless one is connected already.
         schedule: with the local backend, ``"async"`` (the default: each episode submits its next
@@ -142,11 +145,15 @@ def rollout(
             print(note, file=sys.stderr, flush=True)
     base = sampling or SamplingParams()
     if isinstance(backend, str):
-        if backend not in ("local", "ray"):
-            raise ValueError(f'unknown backend {backend!r}: use "local", "ray" or a RayBackend')
-        if backend == "local" and address is not None:
+        if backend not in ("local", "processes", "ray"):
+            raise ValueError(f'unknown backend {backend!r}: use "local", "processes", "ray", or a ProcessBackend or RayBackend')
+        if backend != "ray" and address is not None:
             raise ValueError("address= is for backend='ray'")
-        if backend == "ray":
+        if backend == "processes":
+            from .process_backend import ProcessBackend
+
+            backend = ProcessBackend()
+        elif backend == "ray":
             from .ray_backend import RayBackend
 
             backend = RayBackend(address=address)
@@ -154,7 +161,7 @@ def rollout(
         raise ValueError("a configured backend brings its own address: RayBackend(address=...)")
     if not isinstance(backend, str):
         if schedule != "async":
-            raise ValueError("the Ray backend runs every episode at its own pace: schedule='lockstep' is local only")
+            raise ValueError(f"schedule='lockstep' is local only: {type(backend).__name__} runs every episode at its own pace")
         return backend.run(
             make_env, policy, episodes=ids, concurrency=concurrency, sampling=base, seed=seed,
             env_kwargs=env_kwargs, on_episode=on_episode, progress=progress, group_size=group_size, tasks=tasks,

@@ -41,7 +41,10 @@ from .step_pool import STOP_GRACE_S, Deadlines, EpisodeTimeout, StepThreads
 from ..stopping import stop_on_signals
 from ..trajectory import Trajectory
 
-__all__ = ["INLINE_WAIT_S", "Deadlines", "EngineLost", "EpisodeTimeout", "Outcome", "drive", "play", "steps_wait"]
+__all__ = [
+    "INLINE_WAIT_S", "Deadlines", "EngineLost", "EpisodeTimeout", "GcClock", "Outcome", "StepPlace", "drive", "play",
+    "steps_wait",
+]
 
 Outcome = list[Trajectory] | EpisodeError
 """A finished episode's rows (one per context, usually one), or the record of what failed."""
@@ -59,7 +62,7 @@ INLINE_LEARN_STEPS = 8
 """Steps of a run that are averaged before the mean wait decides (one long stall decides at once)."""
 
 
-class _GcClock:
+class GcClock:
     """Seconds the garbage collector has run since :meth:`start`, in any thread."""
 
     def __init__(self) -> None:
@@ -101,7 +104,7 @@ def steps_wait(env: Any) -> bool:
     return getattr(layer, "step_waits", True) is not False
 
 
-class _StepPlace:
+class StepPlace:
     """Where a run's env steps run: on the loop's thread when they do not wait, else in ``pool``.
 
     A hop to a worker thread and back cost more than a calculator env's whole step (0.45 ms a
@@ -112,7 +115,7 @@ class _StepPlace:
     :data:`INLINE_WAIT_S`) sends the run's steps to worker threads for good.
     """
 
-    def __init__(self, pool: StepThreads, gc_clock: _GcClock, inline: bool) -> None:
+    def __init__(self, pool: StepThreads, gc_clock: GcClock, inline: bool) -> None:
         self.pool = pool
         self.gc = gc_clock
         self.inline = inline
@@ -315,8 +318,8 @@ def drive(
     gate = _Rounds(generate) if rounds else None
     turn = gate.generate if gate is not None else generate
 
-    gc_clock = _GcClock()
-    in_place = _StepPlace(pool, gc_clock, inline=not any(steps_wait(slot.env) for slot in slots if slot.env is not None))
+    gc_clock = GcClock()
+    in_place = StepPlace(pool, gc_clock, inline=not any(steps_wait(slot.env) for slot in slots if slot.env is not None))
 
     async def worker(slot: EpisodeSlot) -> None:
         for task in queue:

@@ -16,7 +16,12 @@ Side by side, in the same subprocess and on the same episodes:
 * **bare step**: N envs, each episode ``reset`` then ``env.step(action)`` with the same action ids for 8
   turns, no wrapper, no driver: the floor, what the env itself costs;
 * **rollout**: ``tokengym.recorder.rollout(...)`` at ``concurrency=N``: the env plus the
-  recorder (``RecordEpisodes``), the driver's slots, the request batcher and the event loop.
+  recorder (``RecordEpisodes``), the driver's slots, the request batcher and the event loop;
+* **pool**: the same rollout with ``backend=ProcessBackend()`` (its defaults: one worker process
+  per CPU but the driver's): the driver's own CPU per turn (the policy's core), the workers' CPU
+  per turn, its start (until the first worker is ready) and its turns per second of wall time
+  after it, against rollout's; its trajectories must be
+  rollout's, token for token (the script fails otherwise).
 
 Reported per size: CPU per turn of each (process time, envs built before the timer for the
 bare loop; inside it for rollout, as a user pays it), CPU per turn of rollout excluding the
@@ -28,20 +33,26 @@ one more context token costs and what one more turn costs whatever its length.
 
 Goals (the cost-of-scale issue), checked; the script exits 1 when one is missed:
 
-* CPU per turn of driver + env at 1,000 in flight <= 0.5 ms, and <= 1.5x the bare step;
+* CPU per turn of driver + env at 1,000 in flight <= 0.5 ms on the driver's core (in one process,
+  or with the env steps in the pool's workers), and rollout <= 1.5x the bare step;
 * flat from the smallest to the largest size (ratio <= 1.2);
 * <= 16 B per context token per in-flight episode.
 
     python benchmarks/scale.py                      # 10, 100, 1000, 4000 in flight
     python benchmarks/scale.py --sizes 10 100 --json out.json
 
+The pool's crossover, where it passes rollout in turns per second, is reported as measured on
+this machine, and the worker cores it needs from the measured costs (a worker's CPU per turn over
+rollout's): on a machine with fewer cores the driver and the workers share them.
+
 What it leaves out: a model (generation time and its variance), tool latency, the store, and
-the Ray backend (env steps in worker processes there).
+the Ray backend.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -72,9 +83,9 @@ def _setup(max_turns: int = TURNS, **env_kwargs: Any) -> tuple[Any, list[int], A
     from tokengym.policies import ScriptedPolicy
 
     tok = load_tokenizer("qwen3")
-
-    def make_env() -> Any:
-        return gym.make("tokengym/Calculator-v0", tokenizer=tok, max_turns=max_turns, disable_env_checker=True, **env_kwargs)
+    # a partial, not a closure: the pool sends it to its workers (the tokenizer goes with it, once a worker)
+    make_env = functools.partial(gym.make, "tokengym/Calculator-v0", tokenizer=tok, max_turns=max_turns,
+                                 disable_env_checker=True, **env_kwargs)
 
     env = make_env().unwrapped
     action = env.renderer.encode_action_text(CALL) + list(env.renderer.turn_end_ids)
@@ -127,12 +138,12 @@ def measure(n: int) -> dict[str, Any]:
         if finished[0] == 1:
             peak[0] = _rss_bytes()
 
-    t0 = time.process_time()
+    t0, w0 = time.process_time(), time.perf_counter()
     res = rollout(make_env, policy, episodes=episodes, concurrency=n, progress=False, on_episode=on_episode)
-    run_s = time.process_time() - t0
+    run_s, wall_s = time.process_time() - t0, time.perf_counter() - w0
     assert res.stats.failed == 0, res.stats.errors[:3]
     assert res.stats.turns == turns, (res.stats.turns, turns)
-    return {
+    return {**_pool(make_env, policy, episodes, n, res, wall_s), **{
         "in_flight": n,
         "turns": turns,
         "bare_ms_per_turn": 1e3 * bare_s / turns,
@@ -142,6 +153,30 @@ def measure(n: int) -> dict[str, Any]:
         "ratio_to_bare": run_s / bare_s,
         "rss_per_episode_kb": (peak[0] - rss0) / n / 1024,
         "context_tokens": int(np.mean([len(t.token_ids) for t in res.trajectories])),
+    }}
+
+
+def _pool(make_env: Any, policy: Any, episodes: int, n: int, local: Any, local_wall_s: float) -> dict[str, Any]:
+    """The same episodes through the process pool: the driver's CPU, the workers', the wall time."""
+    from tokengym.recorder import rollout
+    from tokengym.recorder.drivers.process_backend import ProcessBackend
+
+    pool = ProcessBackend()
+    t0, w0 = time.process_time(), time.perf_counter()
+    res = rollout(make_env, policy, episodes=episodes, concurrency=n, progress=False, backend=pool)
+    driver_s, wall_s = time.process_time() - t0, time.perf_counter() - w0
+    assert res.stats.failed == 0, res.stats.errors[:3]
+    for a, b in zip(local.trajectories, res.trajectories, strict=True):
+        if a.metadata["episode"] != b.metadata["episode"] or a.token_ids.tolist() != b.token_ids.tolist():
+            raise AssertionError(f"the pool changed a token: episode {a.metadata['episode']} / {b.metadata['episode']}")
+    turns = res.stats.turns
+    return {
+        "pool_workers": len(pool.worker_pids),
+        "pool_driver_ms_per_turn": 1e3 * driver_s / turns,
+        "pool_worker_ms_per_turn": 1e3 * pool.worker_cpu_s / turns,
+        "pool_start_s": res.stats.startup_s,
+        "pool_turns_per_s": turns / (wall_s - res.stats.startup_s),  # once its first worker is ready
+        "rollout_turns_per_s": turns / local_wall_s,
     }
 
 
@@ -193,6 +228,28 @@ def bytes_per_token() -> dict[str, Any]:
     }
 
 
+def _crossover(at: dict[str, Any]) -> dict[str, Any]:
+    """Where the pool passes rollout: measured here (turns/s, and the run length past which its start
+    is paid back), and the worker cores it needs, from the measured costs per turn."""
+    cores = int(at["pool_worker_ms_per_turn"] // at["rollout_ms_per_turn"]) + 1
+    faster = at["pool_turns_per_s"] > at["rollout_turns_per_s"]
+    out: dict[str, Any] = {"in_flight": at["in_flight"], "workers": at["pool_workers"], "cpus": os.cpu_count(),
+                           "worker_cores_to_pass_rollout": cores, "pool_faster_here": faster}
+    if faster:
+        gain_s = 1 / at["rollout_turns_per_s"] - 1 / at["pool_turns_per_s"]
+        out["turns_to_pay_back_start"] = int(at["pool_start_s"] / gain_s)
+        here = (f"here ({os.cpu_count()} CPUs, {at['pool_workers']} workers) the pool passes rollout "
+                f"after {out['turns_to_pay_back_start']:,} turns (its start paid back)")
+    else:
+        here = (f"here ({os.cpu_count()} CPUs, {at['pool_workers']} worker(s)) the pool does not pass rollout "
+                f"({at['pool_turns_per_s']:.0f} against {at['rollout_turns_per_s']:.0f} turns/s)")
+    out["line"] = (f"crossover at {at['in_flight']} in flight: {here}; from the measured costs it needs {cores} worker "
+                   f"cores of its own ({at['pool_worker_ms_per_turn']:.3f} ms a worker's turn against "
+                   f"{at['rollout_ms_per_turn']:.3f} ms a turn in one process), while the driver's core "
+                   f"takes {1e3 / at['pool_driver_ms_per_turn']:,.0f} turns/s")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000, 4000], help="episodes in flight")
@@ -227,6 +284,14 @@ def main() -> int:
             f"{r['rollout_ms_per_turn_without_builds']:>9.3f} | {r['ratio_to_bare']:>5.2f} | {r['build_ms_per_env']:>9.2f} | "
             f"{r['rss_per_episode_kb']:>11.1f} | {r['context_tokens']}"
         )
+    print(f"{'in flight':>9} | {'workers':>7} | {'driver':>8} | {'worker':>8} | {'pool':>7} | {'rollout':>7} | start")
+    print(f"{'':>9} | {'':>7} | {'ms/turn':>8} | {'ms/turn':>8} | {'turns/s':>7} | {'turns/s':>7} | s (pool turns/s after it)")
+    for r in rows:
+        print(
+            f"{r['in_flight']:>9} | {r['pool_workers']:>7} | {r['pool_driver_ms_per_turn']:>8.3f} | "
+            f"{r['pool_worker_ms_per_turn']:>8.3f} | {r['pool_turns_per_s']:>7.0f} | {r['rollout_turns_per_s']:>7.0f} | "
+            f"{r['pool_start_s']:.1f}"
+        )
     per_turn = [r["rollout_ms_per_turn"] for r in rows]
     flat = max(per_turn) / min(per_turn)
     print(f"rollout's CPU per turn from {rows[0]['in_flight']} to {rows[-1]['in_flight']} in flight: highest / lowest {flat:.2f}x")
@@ -236,9 +301,12 @@ def main() -> int:
           f"{mem['marginal_bytes_per_token'] + mem['bytes_per_turn'] / mem['long_turn_tokens']:.1f} B per context token)")
 
     at = next((r for r in rows if r["in_flight"] == 1000), rows[-1])
+    crossover = _crossover(at)
+    print(crossover["line"])
+    driver_ms = min(at["rollout_ms_per_turn"], at["pool_driver_ms_per_turn"])
     goals = [
-        (f"CPU per turn at {at['in_flight']} in flight <= {GOAL_MS} ms", at["rollout_ms_per_turn"] <= GOAL_MS,
-         f"{at['rollout_ms_per_turn']:.3f} ms"),
+        (f"CPU per turn on the driver's core at {at['in_flight']} in flight <= {GOAL_MS} ms", driver_ms <= GOAL_MS,
+         f"{at['rollout_ms_per_turn']:.3f} ms in one process, {at['pool_driver_ms_per_turn']:.3f} ms with the pool"),
         (f"rollout <= {GOAL_RATIO}x the bare step at {at['in_flight']}", at["ratio_to_bare"] <= GOAL_RATIO,
          f"{at['ratio_to_bare']:.2f}x"),
         (f"flat from {rows[0]['in_flight']} to {rows[-1]['in_flight']} (<= {GOAL_FLAT}x)", flat <= GOAL_FLAT, f"{flat:.2f}x"),
@@ -251,7 +319,7 @@ def main() -> int:
         missed += not ok
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"sizes": rows, "memory": mem, "flat": flat, "goals": [
+            json.dump({"sizes": rows, "memory": mem, "flat": flat, "crossover": crossover, "goals": [
                 {"goal": g, "met": ok, "got": got} for g, ok, got in goals]}, fh, indent=2)
     return 1 if missed else 0
 

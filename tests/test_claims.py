@@ -90,6 +90,26 @@ def scale_claim() -> str:
     )
 
 
+def pool_claim() -> str:
+    """The README's process-pool sentence, from the same stored ``benchmarks/scale.py`` run."""
+    stored = json.loads((RESULTS / "scale.json").read_text(encoding="utf-8"))
+    at = {r["in_flight"]: r for r in stored["sizes"]}[1000]
+    cross = stored["crossover"]
+    here = (
+        f"passes it after {cross['turns_to_pay_back_start']:,} turns" if cross["pool_faster_here"]
+        else f"runs {at['pool_turns_per_s']:,.0f} turns/s against {at['rollout_turns_per_s']:,.0f} in one process"
+    )
+    return (
+        f"At 1,000 episodes in flight the driver's own CPU is then {at['pool_driver_ms_per_turn']:.2f} ms per turn "
+        f"(against {at['rollout_ms_per_turn']:.2f} ms with the envs in its process) and a worker spends "
+        f"{at['pool_worker_ms_per_turn']:.2f} ms per turn; on a machine of {cross['cpus']} CPUs, with "
+        f"{cross['workers']} worker{'s' if cross['workers'] > 1 else ''} after a start of {at['pool_start_s']:.1f} s, "
+        f"the pool {here}, and from those costs it passes one process once it has "
+        f"{cross['worker_cores_to_pass_rollout']} worker cores of its own "
+        f"(`python benchmarks/scale.py --json benchmarks/results/scale.json`)"
+    )
+
+
 def _learning_run(name: str) -> tuple[dict, float, float, float]:
     """A stored ``benchmarks/learning.py --json`` run and its mean seconds per iteration (all,
     generation, training)."""
@@ -173,7 +193,8 @@ def test_the_sandbox_docs_quote_the_stored_kill_run():
 
 
 @pytest.mark.parametrize(
-    "claim", [learn_claim, observation_claim, scale_claim, gpu_claim, learning_claim, tool_learning_claim],
+    "claim",
+    [learn_claim, observation_claim, scale_claim, pool_claim, gpu_claim, learning_claim, tool_learning_claim],
     ids=lambda f: f.__name__,
 )
 def test_the_readme_quotes_the_stored_run(claim):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -67,7 +66,7 @@ def gone(pids: list[int], within: float = 10.0) -> bool:
 
 def same(a, b) -> None:
     assert [t.metadata["episode"] for t in a.trajectories] == [t.metadata["episode"] for t in b.trajectories]
-    for x, y in zip(a.trajectories, b.trajectories):
+    for x, y in zip(a.trajectories, b.trajectories, strict=True):
         assert x.token_ids.tolist() == y.token_ids.tolist()
         assert x.mask.tolist() == y.mask.tolist()
         assert x.turn_rewards.tolist() == y.turn_rewards.tolist()
@@ -281,3 +280,20 @@ def test_the_cli_runs_the_pool_and_refuses_ray_only_flags(tmp_path, capsys):
     assert "--address and --engines are for --backend ray" in capsys.readouterr().err
     assert main([*args, "--workers", "2", "--out", str(tmp_path / "y")]) == 2
     assert "--workers is for --backend processes or ray" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_thread_that_runs_a_loop_gets_the_same_run_as_a_notebook_does():
+    import asyncio
+
+    pool = ProcessBackend(num_workers=1)
+
+    async def cell():  # a notebook cell: the kernel's thread runs a loop
+        return rollout(ENV, call_policy(), env_kwargs=ENV_KWARGS, episodes=3, concurrency=3, progress=False,
+                       backend=pool)
+
+    result = asyncio.run(cell())
+    assert result.stats.episodes == 3 and not result.interrupted
+    local = rollout(ENV, call_policy(), env_kwargs=ENV_KWARGS, episodes=3, concurrency=3, progress=False)
+    same(local, result)
+    assert gone(pool.worker_pids)

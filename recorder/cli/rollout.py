@@ -117,7 +117,9 @@ def _rollout(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be a number of seconds >= 0 (0: no limit), got {value}")
     deadlines = Deadlines(step_s=args.step_timeout or None, generate_s=args.turn_timeout or None)
     if args.backend != "local" and args.schedule == "lockstep":
-        raise ValueError(f"--schedule lockstep is for --backend local: --backend {args.backend} runs every episode at its own pace")
+        raise ValueError(
+            f"--schedule lockstep is for --backend local: --backend {args.backend} runs every episode at its own pace"
+        )
     say = _quiet_print if args.quiet else _print
     if args.policy in ("hf", "vllm"):
         check_local_path(args.model)  # a mistyped folder fails now, not after the hub's retries

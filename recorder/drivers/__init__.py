@@ -8,7 +8,8 @@ integrations and the command line, which call them. One episode's turn loop is w
 * ``runner``: ``play`` (one episode) and ``drive`` (many, each at its own pace, on one event loop);
 * ``episodes``: an env copy and its episode's state (``EpisodeSlot``), the plan of tasks and groups,
   the progress bar;
-* ``rollout``: :func:`~tokengym.recorder.rollout`, the local entry point (async or lock-step), which also picks Ray;
+* ``rollout``: :func:`~tokengym.recorder.rollout`, the local entry point (async or lock-step), which also picks the pool or Ray;
+* ``process_backend``: env steps in local worker processes, the policy in the driver's (``backend="processes"``);
 * ``ray_backend``: the Ray driver, with its actors in ``ray_actors`` (env workers, policy engines);
 * ``model_setup``: a ``--model`` argument turned into a policy and the env's chat template.
 

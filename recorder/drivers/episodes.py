@@ -139,7 +139,8 @@ class RolloutStats:
     engine_restarts: int = 0
     """Policy engine actors that Ray restarted during the run (Ray backend)."""
     startup_s: float = 0.0
-    """Time to start the backend's actors before the first episode (Ray backend; not in ``wall_s``)."""
+    """Time to start the backend's actors before the first episode (Ray backend; not in ``wall_s``), or
+    until the first worker process was ready (process pool; in ``wall_s``)."""
     context_resets: int = 0
     """New contexts started mid-episode (``history="deploy"``): each adds a trajectory row."""
     group_rewards: dict[Any, list[float]] = field(default_factory=dict)

@@ -67,7 +67,7 @@ from .episodes import (
 )
 from .ray_actors import short_error, worker_env_factory
 from .ray_backend import RolloutError
-from .runner import GcClock, StepPlace, play, steps_wait
+from .runner import GcClock, StepPlace, off_running_loop, play, steps_wait
 from .step_pool import Deadlines, StepThreads
 
 __all__ = ["ProcessBackend"]
@@ -400,13 +400,18 @@ class _Run:
         self.interrupted = False
         self.ending = False
         self.bar_on = progress
+        self.loop = asyncio.new_event_loop()
+        self.wake = asyncio.Event()
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload(_PRELOAD)
 
     # -------------------------------------------------------------------- run
     def drive(self) -> RolloutResult:
-        start = time.perf_counter()
-        self.loop = asyncio.new_event_loop()
+        """Run it here, or in a thread of its own where this thread already runs a loop (a notebook)."""
+        return off_running_loop(self._drive, self._on_signal)
+
+    def _drive(self) -> RolloutResult:
+        start = self.start = time.perf_counter()
         self.batcher = RequestBatcher(self.policy, native=True)
         policy = self.policy
         # A policy sampling here reports each decode step: the bar moves before the first turn is back.
@@ -442,7 +447,6 @@ class _Run:
         self.wake.set()
 
     async def _main(self) -> None:
-        self.wake = asyncio.Event()
         try:
             for _ in range(self.n_workers):
                 self._spawn()
@@ -491,6 +495,8 @@ class _Run:
                 self._done(worker, message[1], message[2], message[3])
             elif kind == "ready":
                 worker.ready, worker.free = True, self.slots
+                if not self.stats.startup_s:
+                    self.stats.startup_s = time.perf_counter() - self.start
             elif kind == "start_failed":
                 if not any(w.ready for w in self.workers):
                     raise _Abort(f"an env worker could not build its env: {message[1]}")

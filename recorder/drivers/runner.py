@@ -29,7 +29,7 @@ import gc
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import gymnasium as gym
 
@@ -42,14 +42,15 @@ from ..stopping import stop_on_signals
 from ..trajectory import Trajectory
 
 __all__ = [
-    "INLINE_WAIT_S", "Deadlines", "EngineLost", "EpisodeTimeout", "GcClock", "Outcome", "StepPlace", "drive", "play",
-    "steps_wait",
+    "INLINE_WAIT_S", "Deadlines", "EngineLost", "EpisodeTimeout", "GcClock", "Outcome", "StepPlace", "drive",
+    "off_running_loop", "play", "steps_wait",
 ]
 
 Outcome = list[Trajectory] | EpisodeError
 """A finished episode's rows (one per context, usually one), or the record of what failed."""
 Generate = Callable[[list[int], SamplingParams], Awaitable[Generation]]
 Step = Callable[[EpisodeSlot, Generation], Awaitable[Any]]
+T = TypeVar("T")
 
 
 INLINE_WAIT_S = 0.0005
@@ -372,23 +373,33 @@ def drive(
 
 def _run(coro: Any, stop: _Stop) -> None:
     """Run ``coro`` to the end on a new loop: here, or in a thread of its own when this thread runs a loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+
+    def on_a_new_loop() -> None:
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(coro)
         finally:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
-        return
-    failure: list[BaseException] = []
+
+    off_running_loop(on_a_new_loop, stop.set)
+
+
+def off_running_loop(fn: Callable[[], T], on_ctrl_c: Callable[[], None]) -> T:
+    """``fn()`` here, or in a thread of its own when this thread already runs an event loop (a
+    Jupyter kernel's), where a driver's own loop could not run; Ctrl-C while it waits there calls
+    ``on_ctrl_c`` (the run winds down, then this returns or raises what ``fn`` did)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return fn()
+    outcome: list[Any] = []
 
     def target() -> None:
         try:
-            asyncio.run(coro)
-        except BaseException as err:
-            failure.append(err)
+            outcome.append((True, fn()))
+        except BaseException as err:  # noqa: BLE001 -- raised again in the caller's thread
+            outcome.append((False, err))
 
     thread = threading.Thread(target=target, name="tokengym-rollout", daemon=True)
     thread.start()
@@ -396,6 +407,8 @@ def _run(coro: Any, stop: _Stop) -> None:
         try:
             thread.join(timeout=0.2)
         except KeyboardInterrupt:  # Ctrl-C in a notebook: stop, then wait for the run to wind down
-            stop.set()
-    if failure:
-        raise failure[0]
+            on_ctrl_c()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value

@@ -255,8 +255,9 @@ def test_sigterm_keeps_the_finished_episodes_and_ends_the_workers(tmp_path):
 @pytest.mark.slow
 def test_a_step_past_its_deadline_fails_its_episode_and_retires_its_env():
     pool = ProcessBackend(num_workers=1)
-    result = rollout(functools.partial(SlowStepCalculator, 1, 3.0), call_policy(), episodes=3, concurrency=2,
-                     progress=False, backend=pool, deadlines=Deadlines(step_s=0.5))
+    # a deadline a loaded machine's env build and steps keep well inside; episode 1's step sleeps far past it
+    result = rollout(functools.partial(SlowStepCalculator, 1, 12.0), call_policy(), episodes=3, concurrency=2,
+                     progress=False, backend=pool, deadlines=Deadlines(step_s=3.0))
     assert result.stats.episodes == 2 and result.stats.failed == 1
     (error,) = [e for e in result.stats.errors if e.failed]
     assert error.episode == 1 and error.type == "EpisodeTimeout" and "Deadlines.step_s" in error.message

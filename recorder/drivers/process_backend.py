@@ -312,9 +312,10 @@ async def _serve(conn: Any, build: Callable[[], RecordEpisodes], first: EpisodeS
     async def one(slot: EpisodeSlot, task: EpisodeTask) -> None:
         outcome = await play(slot, task, base, generate, place, deadlines, place.begin)
         info = {"stuck": slot.retired, "tool_threads": abandoned_threads()}
-        if slot.retired:  # its env is still inside the hung step: a fresh one takes the slot
+        if slot.retired:  # its env is still inside the hung step: a fresh one takes the slot, and a thread of its own
             slot = EpisodeSlot.lazy(build)
             every.append(slot)
+            threads.grow()
         free.append(slot)
         try:
             data = pickle.dumps(("done", task.episode, outcome, info), protocol=pickle.HIGHEST_PROTOCOL)

@@ -9,8 +9,10 @@ of the response and its mask on the right, attention masks, position ids) and th
 concatenates the samples (``AgentLoopWorker._postprocess``). :func:`tokengym.recorder.to_verl`
 writes each row's real tokens and its padding straight into preallocated batch arrays.
 The goal: ``to_verl`` with the tokenizer's real pad id at least 20x faster than verl's own
-code on the same trajectories, giving the same tensors; and a real pad id about as fast
-as pad id 0 (``to_verl`` writes the pad id only on the padding, not over the whole batch).
+code on the same trajectories, giving the same tensors, on every call as a trainer makes
+them (into the buffers kept from the last step: its slowest call against verl's fastest);
+and a real pad id about as fast as pad id 0 (``to_verl`` writes the pad id only on the
+padding, not over the whole batch).
 
 What is measured (in one run, on the same data)
 -----------------------------------------------
@@ -92,15 +94,8 @@ other work on a shared machine does not inflate). The ratio to verl is judged on
 wall-clock medians, and also given as the range from the least to the most favourable
 pairing of runs, min to min, and in CPU time.
 
-The verl venv needs, besides what ``.ci/integrations.sh`` installs for the protocol tests,
-the modules ``verl.experimental.agent_loop`` imports at its top (none of them runs in the
-timed code)::
-
-    .venv-verl/bin/python -m pip install --no-deps hydra-core==1.3.8 antlr4-python3-runtime==4.9.3
-    .venv-verl/bin/python -m pip install pillow==13.0.0 datasets==5.2.0 pandas==3.1.1 \\
-        cachetools==8.0.2 uvicorn==0.54.0 fastapi==0.165.0
-
-(``--no-deps`` keeps the venv's omegaconf 2.4.0, which hydra-core's metadata caps below.)
+The verl venv ``bash .ci/integrations.sh verl`` builds (it runs the verl tests after) holds
+everything ``verl.experimental.agent_loop`` imports at its top (none of it runs in the timed code).
 
 Store: the same trajectories written with ``TrajectoryWriter`` (real Qwen3 tokenizer for
 the fingerprint, ``--shard-size`` per shard, zstd) into a temporary directory, then read
@@ -438,11 +433,16 @@ def print_tables(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
         ratio = v["median_s"] / base["median_s"]
         pooled = f"to_verl (pad id {pad}, reused buffers)"
         reuse = v["median_s"] / m[pooled]["median_s"]
+        every = v["min_s"] / m[pooled]["max_s"]  # its slowest call against verl's fastest
         if reuse < GOAL_VS_VERL:
             missed.append(f"{pooled} vs verl")
+        if every < GOAL_VS_VERL:
+            missed.append(f"{pooled} vs verl on every call")
         print(
             f"{pooled}, as a trainer calls it each step: {reuse:.1f}x faster than verl's own post-processing, "
-            f"median to median (goal >= {GOAL_VS_VERL:g}x: {'met' if reuse >= GOAL_VS_VERL else 'missed'})"
+            f"median to median (goal >= {GOAL_VS_VERL:g}x: {'met' if reuse >= GOAL_VS_VERL else 'missed'}); "
+            f"{every:.1f}x its slowest call against verl's fastest (on every call: "
+            f"{'met' if every >= GOAL_VS_VERL else 'missed'})"
         )
         print(
             f"{real}: {ratio:.1f}x faster than verl {res['verl']['verl']}'s own post-processing, median to median "
@@ -495,8 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("64 <= --min-len <= --max-len")
     if not args.no_verl and not os.access(args.verl_python, os.X_OK):
         parser.error(
-            f"no verl venv at {args.verl_python}: build it with `bash .ci/integrations.sh verl` and add the agent "
-            "loop's imports (module docstring), pass --verl-python PATH, or --no-verl to time to_verl alone"
+            f"no verl venv at {args.verl_python}: build it with `bash .ci/integrations.sh verl`, pass "
+            "--verl-python PATH, or --no-verl to time to_verl alone"
         )
 
     started = time.perf_counter()

@@ -111,6 +111,16 @@ class SlowStepCalculator(CalculatorEnv):
         return super().step(action)
 
 
+class DyingOnRestartCalculator(DyingCalculator):
+    """As :class:`DyingCalculator`, and once its process has died, every later build exits too:
+    the replacement worker exits before it starts."""
+
+    def __init__(self, mark: str, seed: int, **kwargs) -> None:
+        if (Path(mark) / "died").exists():
+            os._exit(4)
+        super().__init__(mark, seed, **kwargs)
+
+
 def broken_env() -> CalculatorEnv:
     raise RuntimeError("no such sandbox image: calc:latest")
 
@@ -298,3 +308,17 @@ def test_a_thread_that_runs_a_loop_gets_the_same_run_as_a_notebook_does():
     local = rollout(ENV, call_policy(), env_kwargs=ENV_KWARGS, episodes=3, concurrency=3, progress=False)
     same(local, result)
     assert gone(pool.worker_pids)
+
+
+@pytest.mark.slow
+def test_a_replacement_that_exits_before_it_starts_is_noted_and_the_run_ends_by_name(tmp_path):
+    pool = ProcessBackend(num_workers=1, max_worker_replacements=1)
+    with pytest.raises(RolloutError, match=r"no env worker is left \(2 episodes not run\)") as caught:
+        rollout(functools.partial(DyingOnRestartCalculator, str(tmp_path), 1), call_policy(), episodes=3,
+                concurrency=1, progress=False, backend=pool)
+    stats = caught.value.result.stats
+    assert stats.episodes == 1  # episode 0, before the death
+    assert stats.lost == [1] and stats.rerun == 1  # queued again beside episode 2; neither ran: no worker was left
+    notes = [e for e in stats.errors if e.type == "WorkerStartFailed"]
+    assert len(notes) == 1 and "exited before it started (exit code 4)" in notes[0].message and not notes[0].failed
+    assert len(pool.worker_pids) == 2 and gone(pool.worker_pids)

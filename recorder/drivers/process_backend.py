@@ -377,6 +377,8 @@ class _Worker:
         self.free = 0
         self.inflight: dict[int, EpisodeTask] = {}
         self.closed: tuple[float, int] | None = None
+        self.said_why = False
+        """It sent why it could not start (``start_failed``) before it exited."""
         self.started = time.perf_counter()
 
 
@@ -490,15 +492,17 @@ class _Run:
     def _on_message(self, worker: _Worker, message: tuple) -> None:
         try:
             kind = message[0]
-            if kind == "generate":
+            if kind == "generate":  # nothing for the scheduling loop to do: it is not woken
                 self.loop.create_task(self._generate(worker, message[1], message[2], message[3]))
-            elif kind == "done":
+                return
+            if kind == "done":
                 self._done(worker, message[1], message[2], message[3])
             elif kind == "ready":
                 worker.ready, worker.free = True, self.slots
                 if not self.stats.startup_s:
                     self.stats.startup_s = time.perf_counter() - self.start
             elif kind == "start_failed":
+                worker.said_why = True
                 if not any(w.ready for w in self.workers):
                     raise _Abort(f"an env worker could not build its env: {message[1]}")
                 self.stats.errors.append(EpisodeError(None, None, "WorkerStartFailed",
@@ -567,6 +571,11 @@ class _Run:
                 hint = (" A script that runs backend='processes' must call it under `if __name__ == \"__main__\":` "
                         "(each worker imports the script's module)") if code == 1 else ""
                 self.fatal = _Abort(f"an env worker exited before it started (exit code {code}).{hint}")
+            elif not worker.said_why:
+                self.stats.errors.append(EpisodeError(
+                    None, None, "WorkerStartFailed", f"a new env worker exited before it started (exit code {code})",
+                    failed=False,
+                ))
             self._replace()
             self._wake()
             return

@@ -78,6 +78,10 @@ class Generation:
     finish_reason: FinishReason
     logprob_kind: LogprobKind = "raw"
     info: dict[str, Any] = field(default_factory=dict)
+    versions: np.ndarray | None = None
+    """The weight version that sampled each token (int32, one per token; see
+    :mod:`tokengym.policies.versions`), or None where the engine cannot say. A turn that spans a
+    weight update under ``on_update="continue"`` holds two versions."""
 
     def __post_init__(self) -> None:
         ids = np.asarray(self.token_ids, dtype=np.int64).reshape(-1)
@@ -87,6 +91,20 @@ class Generation:
             if lp.shape != ids.shape:
                 raise ValueError(f"{len(lp)} logprobs for {len(ids)} generated tokens")
             object.__setattr__(self, "logprobs", lp)
+        if self.versions is not None:
+            v = np.asarray(self.versions, dtype=np.int32).reshape(-1)
+            if v.shape != ids.shape:
+                raise ValueError(f"{len(v)} versions for {len(ids)} generated tokens")
+            if v.size and int(v.min()) < 0:
+                raise ValueError(f"weight versions are >= 0, got {int(v.min())}")
+            object.__setattr__(self, "versions", v)
+
+    def with_version(self, version: int | None) -> Generation:
+        """This generation with every token stamped ``version`` (None: left unknown), unless it
+        already says per token which version sampled it."""
+        if self.versions is not None or version is None:
+            return self
+        return dataclasses.replace(self, versions=np.full(len(self.token_ids), version, dtype=np.int32))
 
 
 def finish_reason(out: Sequence[int], p: SamplingParams, tokenizer: Any) -> FinishReason | None:

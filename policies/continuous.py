@@ -26,12 +26,14 @@ import queue
 import threading
 import weakref
 from concurrent.futures import Future
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .base import Generation, SamplingParams
+from .versions import PolicyClosed
 
 if TYPE_CHECKING:
     import torch
@@ -51,7 +53,18 @@ class _Row:
     generator: Any = None
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     finish: str | None = None
+    restarts: int = 0
+
+
+@dataclass
+class _Update:
+    """New weights to put in between two decode steps, and what the requests in flight do then."""
+
+    apply: Callable[[], None]
+    mode: str
+    future: Future
 
 
 class ContinuousDecoder:
@@ -59,7 +72,7 @@ class ContinuousDecoder:
 
     def __init__(self, policy: Any) -> None:
         self.policy = policy
-        self._queue: queue.SimpleQueue[_Row | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Row | _Update | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._halt = threading.Event()
@@ -69,6 +82,12 @@ class ContinuousDecoder:
         self.max_batch = 0
         self.late_joins = 0
         """Requests admitted into a batch that was already decoding (they arrived mid-generation)."""
+        self.updates = 0
+        """Weight updates put in between decode steps."""
+        self.rebuilds = 0
+        """Requests whose KV cache was computed again with new weights (``on_update="continue"``)."""
+        self.restarts = 0
+        """Requests started again from their context with new weights (``on_update="restart"``)."""
 
     def submit(self, context: list[int], params: SamplingParams) -> Future:
         """Queue one request; the future gets its :class:`Generation`."""
@@ -80,8 +99,22 @@ class ContinuousDecoder:
                 self._thread.start()
                 # At exit (atexit runs before daemon threads are killed): halt and join.
                 self._exit_hook = weakref.finalize(self._thread, _halt_and_join, self._halt, self._queue, self._thread)
-        self._queue.put(row)
+            self._queue.put(row)
         return row.future
+
+    def update(self, apply: Callable[[], None], mode: str) -> Future:
+        """Run ``apply`` (it puts new weights in) between two decode steps, doing ``mode`` to the
+        requests in flight (:mod:`tokengym.policies.versions`); the future is done once it is in.
+        With no loop running, ``apply`` runs here and now (nothing is in flight)."""
+        u = _Update(apply, mode, Future())
+        with self._lock:
+            if self._thread is None:
+                apply()
+                self.updates += 1
+                u.future.set_result(None)
+            else:
+                self._queue.put(u)
+        return u.future
 
     def close(self, *, cancel: bool = False) -> None:
         """Stop the loop after the requests it holds are done (cancelled ones leave at the next
@@ -103,15 +136,28 @@ class ContinuousDecoder:
         rows: list[_Row] = []
         state: _Batch | None = None
         stopping = False
+        updates: list[_Update] = []
+        held: list[_Row] = []  # arrived while a "finish" update waits for the rows in flight
         while True:
             if self._halt.is_set():
-                _fail(rows + [r for r in self._take(block=False) if r is not None], PolicyClosed("the policy was closed"))
+                late = [r for r in self._take(block=False) if r is not None]
+                closed = PolicyClosed("the policy was closed")
+                _fail(rows + held + [r for r in late if isinstance(r, _Row)], closed)
+                for u in updates + [r for r in late if isinstance(r, _Update)]:
+                    u.future.set_exception(closed)
                 return
-            waiting = self._take(block=not rows)
-            if None in waiting:
+            items = self._take(block=not rows and not updates and not held)
+            if None in items:
                 stopping = True
-                waiting = [r for r in waiting if r is not None]
+            waiting = held + [r for r in items if isinstance(r, _Row)]
+            held = []
+            updates += [u for u in items if isinstance(u, _Update)]
             with torch.inference_mode():
+                while updates:  # in the order they came
+                    if updates[0].mode == "finish" and rows:
+                        held, waiting = waiting, []  # new turns wait for the update
+                        break
+                    rows, state, waiting = self._put_in(updates.pop(0), rows, state, waiting)
                 for joined, new in self._admit(waiting):
                     if rows:
                         self.late_joins += len(joined)
@@ -128,8 +174,34 @@ class ContinuousDecoder:
                     if len(keep) < len(rows):
                         rows = [rows[i] for i in keep]
                         state = state.select(keep) if rows else None
-            if stopping and not rows:
+            if stopping and not rows and not updates and not held:
                 return
+
+    def _put_in(
+        self, u: _Update, rows: list[_Row], state: _Batch | None, waiting: list[_Row]
+    ) -> tuple[list[_Row], _Batch | None, list[_Row]]:
+        """Put ``u``'s weights in; the rows in flight, their batch and the rows to admit after it."""
+        try:
+            u.apply()
+        except BaseException as err:  # a refused update changes nothing: the rows go on as they were
+            u.future.set_exception(err)
+            return rows, state, waiting
+        self.updates += 1
+        try:
+            if rows and u.mode == "restart":
+                for r in rows:
+                    r.ids, r.logprobs, r.versions, r.generator = [], [], [], None
+                    r.restarts += 1
+                self.restarts += len(rows)
+                rows, state, waiting = [], None, rows + waiting
+            elif rows:
+                state = self._rebuild(rows)
+                self.rebuilds += len(rows)
+        except BaseException as err:  # the weights are in; the rows that could not go on fail
+            _fail(rows, err)
+            rows, state = [], None
+        u.future.set_result(None)
+        return rows, state, waiting
 
     def _admit(self, waiting: list[_Row]) -> list[tuple[list[_Row], _Batch]]:
         """Prefill the new requests together; if that fails, one by one, so a bad request fails alone."""
@@ -144,8 +216,8 @@ class ContinuousDecoder:
                 return []
         return [admitted for r in waiting for admitted in self._admit([r])]
 
-    def _take(self, block: bool) -> list[_Row | None]:
-        out: list[_Row | None] = []
+    def _take(self, block: bool) -> list[_Row | _Update | None]:
+        out: list[_Row | _Update | None] = []
         if block:
             out.append(self._queue.get())
         while True:
@@ -181,6 +253,28 @@ class ContinuousDecoder:
             return [], None
         return [rows[i] for i in keep], batch.select(keep) if len(keep) < n else batch
 
+    def _rebuild(self, rows: list[_Row]) -> _Batch:
+        """The running rows' KV cache computed again over their context and the tokens they have
+        sampled but the last (which is the next input, as after a prefill), with the weights now
+        in place: every later token is sampled from the new weights' own pass over its prefix."""
+        import torch
+        from transformers import DynamicCache
+
+        p = self.policy
+        seqs = [r.context + r.ids[:-1] for r in rows]
+        n, width = len(rows), max(len(q) for q in seqs)
+        ids = torch.full((n, width), p.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, q in enumerate(seqs):
+            ids[i, width - len(q):] = torch.as_tensor(q, dtype=torch.long)
+            mask[i, width - len(q):] = 1
+        ids, mask = ids.to(p.device), mask.to(p.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        p.forward(ids, mask, positions, cache)
+        last = torch.as_tensor([[r.ids[-1]] for r in rows], dtype=torch.long, device=p.device)
+        return _Batch(cache, mask, positions[:, -1:], last)
+
     def _step(self, rows: list[_Row], batch: _Batch) -> list[int]:
         """One decode step for every running request; the indices of those that go on."""
         import torch
@@ -205,6 +299,7 @@ class ContinuousDecoder:
         for i, (r, tok, lp) in enumerate(zip(rows, toks, lps)):
             r.ids.append(tok)
             r.logprobs.append(lp)
+            r.versions.append(self.policy.version)
             r.finish = self.policy.finish_reason(r.ids, r.params)
             if r.finish is None and not r.future.cancelled():  # a stopped episode's request leaves now
                 keep.append(i)
@@ -214,7 +309,8 @@ class ContinuousDecoder:
     def _resolve(self, r: _Row) -> None:
         if not r.future.done():
             r.future.set_result(Generation(
-                np.array(r.ids), np.array(r.logprobs), r.finish or "length", self.policy.logprob_kind  # type: ignore[arg-type]
+                np.array(r.ids), np.array(r.logprobs), r.finish or "length", self.policy.logprob_kind,  # type: ignore[arg-type]
+                {"restarts": r.restarts} if r.restarts else {}, versions=np.array(r.versions, dtype=np.int32),
             ))
 
 
@@ -262,10 +358,6 @@ class _Batch:
             torch.cat([self.positions, other.positions], 0),
             torch.cat([self.next_ids, other.next_ids], 0),
         )
-
-
-class PolicyClosed(RuntimeError):
-    """The policy was closed (or the interpreter is exiting) while this request was decoding."""
 
 
 def _halt_and_join(halt: threading.Event, requests: queue.SimpleQueue, thread: threading.Thread) -> None:

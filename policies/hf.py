@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import inspect
 import os
+import threading
 
 import numpy as np
 
 from .base import Generation, SamplingParams, TokenListener, check_contexts, finish_reason, per_request
+from .versions import OnUpdate, PolicyClosed, check_on_update, checked_state_dict, copy_weights, next_version
 
 if TYPE_CHECKING:  # torch and transformers load when a policy is built, not with the package
     import torch
@@ -60,6 +62,11 @@ class HFPolicy:
         continuous: requests sent through :meth:`agenerate` (the rollout driver does) join the
             running decode batch at every step (continuous batching); False sends each group of
             waiting requests as one batched ``generate`` call instead.
+        on_update: what :meth:`update_weights` does to turns in flight unless it is told
+            (``"continue"``, ``"restart"`` or ``"finish"``: :mod:`tokengym.policies.versions`).
+
+    ``version`` is the weight version it samples with (0 until :meth:`update_weights`); every
+    token it returns is stamped with the version that sampled it (``Generation.versions``).
     """
 
     logprob_kind = "raw"
@@ -73,8 +80,11 @@ class HFPolicy:
         pad_token_id: int = 0,
         model_kwargs: dict[str, Any] | None = None,
         continuous: bool = True,
+        on_update: OnUpdate = "continue",
     ) -> None:
         import torch
+
+        self.on_update = check_on_update(on_update)
 
         if isinstance(model, (str, os.PathLike)):
             from .model_loading import load_model, resolve_model
@@ -97,6 +107,38 @@ class HFPolicy:
         self.continuous_batching = continuous
         self._decoder: Any = None
         self._listeners: list[TokenListener] = []
+        self.version = 0
+        self.closed = False
+        self._weights = threading.Lock()  # held by a batched generate call; an update waits for it
+        self._updating = threading.Lock()  # one update at a time
+
+    def update_weights(self, weights: Any, version: int | None = None, *, on_update: OnUpdate | None = None) -> int:
+        """Put ``weights`` in (a state dict, a folder saved by ``save_pretrained``, or a
+        ``.safetensors`` file) as ``version`` (default: the next); returns the version now in place.
+
+        Checked first (:func:`~tokengym.policies.versions.checked_state_dict`, :func:`next_version`):
+        a mismatch or a version that does not grow is an error and changes nothing. Requests in the
+        continuous decode loop get ``on_update`` (default: the policy's); a batched ``generate``
+        call under way finishes on the weights it started with, then the update goes in. Returns
+        once the new weights are in place: every token sampled after it has the new version.
+        """
+        with self._updating:
+            if self.closed:
+                raise PolicyClosed(f"{self.name} was closed: it takes no more weight updates")
+            mode = check_on_update(self.on_update if on_update is None else on_update)
+            new = next_version(self.version, version)
+            state = checked_state_dict(weights, self.model)
+
+            def apply() -> None:
+                with self._weights:
+                    copy_weights(self.model, state)
+                    self.version = new
+
+            if self._decoder is not None:
+                self._decoder.update(apply, mode).result()
+            else:
+                apply()
+            return new
 
     def add_token_listener(self, listener: TokenListener) -> Callable[[], None]:
         """Call ``listener(n)`` after every decode step, with the ``n`` tokens it sampled (from the
@@ -120,7 +162,7 @@ class HFPolicy:
         """Sample a continuation for every context; stop tokens and stop strings stay in the output."""
         import torch
 
-        with torch.inference_mode():
+        with self._weights, torch.inference_mode():
             return self._generate(contexts, sampling)
 
     def _generate(
@@ -167,6 +209,7 @@ class HFPolicy:
             mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], dim=1)
         return [
             Generation(np.array(out_ids[i]), np.array(out_lp[i]), finish[i] or "length", self.logprob_kind)  # type: ignore[arg-type]
+            .with_version(self.version)  # constant during the call: an update waits for it
             for i in range(n)
         ]
 
@@ -253,7 +296,10 @@ class HFPolicy:
         return list(await asyncio.gather(*futures))
 
     def close(self) -> None:
-        """Stop the continuous decode loop's thread (the model stays usable)."""
+        """Stop the continuous decode loop's thread (the model stays usable for ``generate``; it
+        takes no more weight updates)."""
+        with self._updating:
+            self.closed = True
         decoder, self._decoder = self._decoder, None
         if decoder is not None:
             decoder.close()

@@ -122,7 +122,8 @@ class HFVisionPolicy(HFPolicy):
             inputs = {"input_ids": step}
             if self._token_types:
                 inputs["mm_token_type_ids"] = torch.zeros_like(step)
-        return Generation(np.array(out_ids), np.array(out_lp), finish or "length", self.logprob_kind)  # type: ignore[arg-type]
+        gen = Generation(np.array(out_ids), np.array(out_lp), finish or "length", self.logprob_kind)  # type: ignore[arg-type]
+        return gen.with_version(self.version)
 
 
 def mrope_positions(model: Any) -> Any:

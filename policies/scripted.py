@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .base import Generation, SamplingParams, per_request
+from .versions import OnUpdate, PolicyClosed, check_on_update, next_version
 
 __all__ = ["ScriptedPolicy", "scripted_replies"]
 
@@ -23,7 +24,9 @@ class ScriptedPolicy:
     """Replies with ``script(context)``: text (tokenized, then ``end_ids`` appended) or token ids.
 
     Replies are cut to the request's ``max_tokens`` (finish reason ``"length"``). No
-    logprobs are produced (``logprob_kind="none"``).
+    logprobs are produced (``logprob_kind="none"``). It has no weights, but it has a version
+    (:meth:`update_weights` bumps it, and every reply is stamped with it), so the bookkeeping of an
+    asynchronous run can be tested without a model.
     """
 
     logprob_kind = "none"
@@ -40,6 +43,20 @@ class ScriptedPolicy:
         self.tokenizer = tokenizer
         self.end_ids = [int(i) for i in end_ids]
         self.name = name
+        self.version = 0
+        self.closed = False
+
+    def update_weights(self, weights: Any = None, version: int | None = None, *, on_update: OnUpdate = "continue") -> int:
+        """A version bump (a script has no weights to change: ``weights`` is not read); every later
+        reply is stamped with the new version. Replies are instant, so no turn is ever in flight."""
+        if self.closed:
+            raise PolicyClosed("this ScriptedPolicy was closed: it takes no updates")
+        check_on_update(on_update)
+        self.version = next_version(self.version, version)
+        return self.version
+
+    def close(self) -> None:
+        self.closed = True
 
     def _ids(self, reply: Reply) -> list[int]:
         if isinstance(reply, str):
@@ -66,7 +83,8 @@ class ScriptedPolicy:
 
                 if ends_with_stop_string(ids, p.stop_strings, self.tokenizer):
                     finish = "stop_string"
-            out.append(Generation(np.array(ids), None, finish, self.logprob_kind))  # type: ignore[arg-type]
+            versions = np.full(len(ids), self.version, dtype=np.int32)
+            out.append(Generation(np.array(ids), None, finish, self.logprob_kind, versions=versions))  # type: ignore[arg-type]
         return out
 
 

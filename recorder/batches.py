@@ -179,9 +179,12 @@ class VerlBatch:
         prompts [B, P], responses [B, R], input_ids [B, P+R], attention_mask [B, P+R],
         position_ids [B, P+R], response_mask [B, R] (all int64);
         rollout_log_probs [B, R], token_level_rewards [B, R] (float32);
+        rollout_versions [B, R] (int32: the weight version that sampled each response token,
+        -1 on mask-0 tokens, padding and tokens of unknown version);
         advantages [B, R] (float32) when asked for.
     Non-tensors (object arrays of length B): num_turns, turn_rewards, tool_rewards,
-        stop_reason, env_id, seed, conformance, uid, truncated_to_fit, and the names verl's own
+        stop_reason, env_id, seed, conformance, uid, truncated_to_fit, version_span (each row's
+        ``(oldest, newest)`` weight version, None when unknown), and the names verl's own
         agent loops write: ``__num_turns__`` (messages, the prompt included, as
         :class:`~tokengym.recorder.integrations.verl.TokenGymAgentLoop` counts them) and
         ``turn_scores`` (= turn_rewards). ``uid`` is the GRPO group (:func:`group_by_task`'s
@@ -327,6 +330,7 @@ def to_verl(
         response_mask = np.zeros((B, R), dtype=np.int64)
         logprobs = np.zeros((B, R), dtype=np.float32)
         rewards = np.zeros((B, R), dtype=np.float32)
+        versions = np.full((B, R), -1, dtype=np.int32)
     else:  # warm memory: set whole (the pad id or 0), then the rows are written as below
         prompts = out.take("prompts", (B, P), np.int64, pad)
         responses = out.take("responses", (B, R), np.int64, pad)
@@ -336,6 +340,7 @@ def to_verl(
         response_mask = out.take("response_mask", (B, R), np.int64, 0)
         logprobs = out.take("rollout_log_probs", (B, R), np.float32, 0)
         rewards = out.take("token_level_rewards", (B, R), np.float32, 0)
+        versions = out.take("rollout_versions", (B, R), np.int32, -1)
         fill_pad = False  # the padding already holds the pad id
     positions = np.arange(W, dtype=np.int64)
     truncated = [False] * B
@@ -380,6 +385,8 @@ def to_verl(
                 response_mask[i, a - pl : z - pl] = 1
                 if seg.logprobs is not None:
                     logprobs[i, a - pl : z - pl] = seg.logprobs[: z - a]
+                if seg.versions is not None:
+                    versions[i, a - pl : z - pl] = seg.versions[: z - a]
         # One check per row: a sum is finite only if every logprob is (NaN means "none").
         lp_row = logprobs[i, :n]
         if not np.isfinite(lp_row.sum()):
@@ -412,6 +419,7 @@ def to_verl(
         "position_ids": torch.from_numpy(position_ids),
         "rollout_log_probs": torch.from_numpy(logprobs),
         "token_level_rewards": torch.from_numpy(rewards),
+        "rollout_versions": torch.from_numpy(versions),
     }
     if adv is not None:
         tensors["advantages"] = torch.from_numpy(response_mask.astype(np.float32) * adv[:, None])
@@ -429,6 +437,7 @@ def to_verl(
         "uid": _object_array([group_key(t) for t in trajs]),
         "truncated_to_fit": _object_array(truncated),
         "logprobs_present": _object_array(present.tolist()),
+        "version_span": _object_array([t.version_span for t in trajs]),
     }
     if multi_modal is not None:
         non_tensors["multi_modal_inputs"] = _object_array(multi_modal)
@@ -555,6 +564,7 @@ class PackedBatch:
     seq_index: torch.Tensor  # int64, the row each token belongs to
     advantages: torch.Tensor | None = None  # float32, on action tokens, when asked for
     logprobs_present: torch.Tensor | None = None  # bool, [B]: every action of the row has its logprobs
+    versions: torch.Tensor | None = None  # int32, [T]: the weight version of each token, -1 on mask-0 / unknown
     multi_modal_inputs: dict[str, torch.Tensor] | None = None
     """With images: ``pixel_values`` and ``image_grid_thw`` of every image, in token order (row by
     row), and ``images_per_row`` [B]; ``position_ids`` is then [4, T] (the text positions, then
@@ -604,6 +614,7 @@ def to_packed(
         logprobs = np.empty(total, dtype=np.float32)
         rewards = np.empty(total, dtype=np.float32)
         seq_index = np.empty(total, dtype=np.int64)
+        versions = np.empty(total, dtype=np.int32)
         advantage = None if adv is None else np.empty(total, dtype=np.float32)
     else:  # every element is written below: no fill needed
         ids = out.take("packed_input_ids", (total,), np.int64, None)
@@ -612,6 +623,7 @@ def to_packed(
         logprobs = out.take("packed_logprobs", (total,), np.float32, None)
         rewards = out.take("packed_token_rewards", (total,), np.float32, None)
         seq_index = out.take("packed_seq_index", (total,), np.int64, None)
+        versions = out.take("packed_versions", (total,), np.int32, None)
         advantage = None if adv is None else out.take("packed_advantages", (total,), np.float32, None)
     positions = np.arange(longest, dtype=np.int64)
     for i, (t, a, b) in enumerate(zip(trajs, cu[:-1].tolist(), cu[1:].tolist())):
@@ -622,6 +634,7 @@ def to_packed(
         np.copyto(logprobs[a:b], 0.0, where=np.isnan(logprobs[a:b]))  # no logprob reads as 0.0
         rewards[a:b] = _token_rewards(t)
         seq_index[a:b] = i
+        versions[a:b] = t.versions
         if advantage is not None:
             np.multiply(mask[a:b], adv[i], out=advantage[a:b], casting="unsafe")
     multi_modal = None
@@ -640,6 +653,7 @@ def to_packed(
         seq_index=torch.from_numpy(seq_index),
         advantages=None if advantage is None else torch.from_numpy(advantage),
         logprobs_present=torch.from_numpy(present),
+        versions=torch.from_numpy(versions),
     )
 
 

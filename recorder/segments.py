@@ -33,7 +33,8 @@ class Segment:
     ``reward`` is the turn's reward, carried by the turn's action segment. ``finish_reason``
     (action segments only) says why the policy stopped generating: ``"stop"`` (a stop token),
     ``"stop_string"``, ``"length"`` (the token budget ran out: the action may be cut short),
-    or None when unknown.
+    or None when unknown. ``versions`` (action segments only) is the weight version that sampled
+    each token (int32, >= 0), when the policy said (:mod:`tokengym.policies.versions`).
     """
 
     kind: SegmentKind
@@ -42,6 +43,7 @@ class Segment:
     logprobs: np.ndarray | None = None
     reward: float = 0.0
     finish_reason: str | None = None
+    versions: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         ids = np.asarray(self.token_ids, dtype=np.int64).reshape(-1)
@@ -56,6 +58,16 @@ class Segment:
                 raise ValueError(f"{len(lp)} logprobs for {len(ids)} action tokens")
             lp.setflags(write=False)
             object.__setattr__(self, "logprobs", lp)
+        if self.versions is not None:
+            if self.kind is not SegmentKind.ACTION:
+                raise ValueError(f"only action segments carry weight versions, not {self.kind.value} segments")
+            v = np.asarray(self.versions, dtype=np.int32).reshape(-1)
+            if v.shape != ids.shape:
+                raise ValueError(f"{len(v)} weight versions for {len(ids)} action tokens")
+            if v.size and int(v.min()) < 0:
+                raise ValueError(f"weight versions are >= 0, got {int(v.min())}")
+            v.setflags(write=False)
+            object.__setattr__(self, "versions", v)
         if self.kind is not SegmentKind.ACTION and self.reward != 0.0:
             raise ValueError("rewards belong to action segments")
         if self.finish_reason is not None:
@@ -77,8 +89,12 @@ class Segment:
         same_lp = (self.logprobs is None and other.logprobs is None) or (
             self.logprobs is not None and other.logprobs is not None and np.array_equal(self.logprobs, other.logprobs)
         )
+        same_v = (self.versions is None and other.versions is None) or (
+            self.versions is not None and other.versions is not None and np.array_equal(self.versions, other.versions)
+        )
         return (
-            self.kind is other.kind
+            same_v
+            and self.kind is other.kind
             and self.turn == other.turn
             and self.reward == other.reward
             and self.finish_reason == other.finish_reason

@@ -137,6 +137,35 @@ class Trajectory:
         ]
         return np.concatenate(parts).astype(np.float32)
 
+    @cached_property
+    def versions(self) -> np.ndarray:
+        """The weight version that sampled each token (int32): -1 on mask-0 tokens and on policy
+        tokens whose policy did not say (:attr:`has_versions`)."""
+        parts = [
+            s.versions if s.versions is not None else np.full(len(s), -1, dtype=np.int32)
+            for s in self.segments
+        ]
+        return np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
+
+    @property
+    def has_versions(self) -> bool:
+        """Every action says which weight version sampled each of its tokens."""
+        return bool(self.actions) and all(a.versions is not None for a in self.actions)
+
+    @property
+    def version_span(self) -> tuple[int, int] | None:
+        """``(oldest, newest)`` weight version of this row's policy tokens; None when none is known."""
+        known = self.versions[self.versions >= 0]
+        return (int(known.min()), int(known.max())) if known.size else None
+
+    def version_changes(self) -> list[tuple[int, int, int]]:
+        """``(offset, old, new)`` for every policy token whose version differs from the policy token
+        before it: where a weight update fell inside this row (empty when one version sampled all)."""
+        pos = np.flatnonzero(self.versions >= 0)
+        v = self.versions[pos]
+        at = np.flatnonzero(v[1:] != v[:-1]) + 1
+        return [(int(pos[i]), int(v[i - 1]), int(v[i])) for i in at]
+
     @property
     def has_logprobs(self) -> bool:
         """Every action carries logprobs."""
@@ -180,6 +209,7 @@ class Trajectory:
             "token_ids": self.token_ids.tolist(),
             "mask": self.mask.tolist(),
             "logprobs": [None if np.isnan(x) else float(x) for x in lp],
+            "versions": self.versions.tolist(),
             "segments": [
                 {"kind": s.kind.value, "start": int(self.offsets[i]), "end": int(self.offsets[i + 1]), "turn": s.turn}
                 for i, s in enumerate(self.segments)

@@ -76,6 +76,8 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         self._pieces = 1  # pieces of the stream recorded so far
         self._logprobs = array("f")
         self._given = bytearray()  # per action: 1 when its logprobs were given
+        self._versions = array("i")  # per token of the actions whose versions were given
+        self._stamped = bytearray()  # per action: 1 when its weight versions were given
         self._rewards = array("d")
         self._finish: list[str | None] = []
         self._conf_turns = array("i")  # per result: its turn, and its next check when it is a plain
@@ -132,10 +134,15 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         return obs, info
 
     def step(
-        self, action: Any, logprobs: Sequence[float] | np.ndarray | None = None, finish_reason: str | None = None
+        self,
+        action: Any,
+        logprobs: Sequence[float] | np.ndarray | None = None,
+        finish_reason: str | None = None,
+        versions: Sequence[int] | np.ndarray | None = None,
     ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        """``env.step(action)``, recording the action (with its ``logprobs`` and ``finish_reason``:
-        ``"stop"``, ``"stop_string"`` or ``"length"``, when the caller knows them) and the observation."""
+        """``env.step(action)``, recording the action (with its ``logprobs``, ``finish_reason``:
+        ``"stop"``, ``"stop_string"`` or ``"length"``, and the weight ``versions`` that sampled its
+        tokens, when the caller knows them) and the observation."""
         if self._stream is None:
             raise ResetNeeded("call reset() before step()")
         given = np.asarray(action)
@@ -145,6 +152,14 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
                 f"logprobs must have one value per action token: {np.shape(logprobs)} for action of shape "
                 f"{None if ids is None else ids.shape}"
             )
+        if versions is not None:
+            if ids is None or np.shape(versions) != ids.shape:
+                raise ValueError(
+                    f"versions must have one value per action token: {np.shape(versions)} for action of shape "
+                    f"{None if ids is None else ids.shape}"
+                )
+            if len(versions) and int(np.min(versions)) < 0:
+                raise ValueError(f"weight versions are >= 0, got {int(np.min(versions))}")
         obs, reward, terminated, truncated, info = self.env.step(action)
         assert ids is not None  # the env accepted the action, so it was integer ids
         record = step_record(info)
@@ -156,6 +171,9 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         if logprobs is not None:
             self._logprobs.extend(np.asarray(logprobs, dtype=np.float32).reshape(-1).tolist())
         self._given.append(logprobs is not None)
+        if versions is not None:
+            self._versions.extend(np.asarray(versions, dtype=np.int32).reshape(-1).tolist())
+        self._stamped.append(versions is not None)
         self._rewards.append(float(reward))
         self._finish.append(None if finish_reason is None else str(finish_reason))
         self._images.extend(record.images)
@@ -202,15 +220,19 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         """The recorded sequence as segments (new arrays: the trajectory owns them)."""
         out: list[Segment] = []
         lp = np.frombuffer(self._logprobs, dtype=np.float32) if self._logprobs else np.zeros(0, np.float32)
-        action, at = 0, 0
+        vs = np.frombuffer(self._versions, dtype=np.int32) if self._versions else np.zeros(0, np.int32)
+        action, at, vat = 0, 0, 0
         for k in range(self._pieces if stream is self._stream else stream.num_pieces):
             kind, ids = stream.kind(k), stream.piece_ids(k)
             if kind == "action":
                 logprobs = None
                 if self._given[action]:
                     logprobs, at = lp[at : at + len(ids)].copy(), at + len(ids)
+                versions = None
+                if self._stamped[action]:
+                    versions, vat = vs[vat : vat + len(ids)].copy(), vat + len(ids)
                 out.append(Segment(SegmentKind.ACTION, ids, stream.turn(k), logprobs=logprobs,
-                                   reward=self._rewards[action], finish_reason=self._finish[action]))
+                                   reward=self._rewards[action], finish_reason=self._finish[action], versions=versions))
                 action += 1
             elif kind == "prompt":
                 out.append(Segment(SegmentKind.PROMPT, ids, self._prompt_turn))

@@ -31,10 +31,14 @@ from tokengym.recorder.batches import (
 
 # ------------------------------------------------------------------ builders
 def make(prompt, *turns, task_id=None, **metadata) -> Trajectory:
-    """A hand-made trajectory: ``turns`` are ``(action, logprobs | None, reward, observation | None)``."""
+    """A hand-made trajectory: ``turns`` are ``(action, logprobs | None, reward, observation | None)``;
+    an action with logprobs is stamped with weight versions (turn k's tokens: k, then k + 1 from its
+    middle, as an update mid-turn leaves them)."""
     segs = [Segment(SegmentKind.PROMPT, np.array(prompt), 0)]
     for k, (action, lp, reward, obs) in enumerate(turns):
-        segs.append(Segment(SegmentKind.ACTION, np.array(action), k, logprobs=lp, reward=reward))
+        n = len(action)
+        versions = None if lp is None else np.array([k] * (n // 2) + [k + 1] * (n - n // 2))
+        segs.append(Segment(SegmentKind.ACTION, np.array(action), k, logprobs=lp, reward=reward, versions=versions))
         if obs:
             segs.append(Segment(SegmentKind.OBSERVATION, np.array(obs), k))
     if task_id is not None:
@@ -129,7 +133,9 @@ def test_verl_layout(trajs):
         "position_ids": (B, P + R),
         "rollout_log_probs": (B, R),
         "token_level_rewards": (B, R),
+        "rollout_versions": (B, R),
     }
+    assert t["rollout_versions"].dtype == torch.int32
     for k in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
         assert t[k].dtype == torch.int64, k
     assert t["rollout_log_probs"].dtype == t["token_level_rewards"].dtype == torch.float32
@@ -205,6 +211,7 @@ VERL_KEYS = (
     "position_ids",
     "rollout_log_probs",
     "token_level_rewards",
+    "rollout_versions",
 )
 
 
@@ -235,9 +242,10 @@ def reference_verl(trajs, P: int, R: int, pad: int) -> dict[str, torch.Tensor]:
         rows["position_ids"].append(np.clip(np.cumsum(attn) - 1, 0, None).tolist())  # verl's formula
         rows["rollout_log_probs"].append(lp[pl : pl + n] + [0.0] * (R - n))
         rows["token_level_rewards"].append(rewards.tolist())
-    floats = ("rollout_log_probs", "token_level_rewards")
+        rows["rollout_versions"].append(t.versions.tolist()[pl : pl + n] + [-1] * (R - n))
+    dtypes = {"rollout_log_probs": np.float32, "token_level_rewards": np.float32, "rollout_versions": np.int32}
     return {
-        k: torch.tensor(np.array(v, dtype=np.float32 if k in floats else np.int64).reshape(len(trajs), -1))
+        k: torch.tensor(np.array(v, dtype=dtypes.get(k, np.int64)).reshape(len(trajs), -1))
         for k, v in rows.items()
     }
 
@@ -449,6 +457,9 @@ def test_packed_equals_padded(trajs):
         assert not p.loss_mask[a : a + pl].any()
         assert torch.equal(p.logprobs[a + pl : z], b["rollout_log_probs"][i][real_resp])
         assert torch.equal(p.token_rewards[a + pl : z], b["token_level_rewards"][i][real_resp])
+        assert torch.equal(p.versions[a:z], torch.from_numpy(trajs[i].versions))
+        assert torch.equal(p.versions[a + pl : z], b["rollout_versions"][i][real_resp])
+    assert (p.versions >= 1).any(), "the hand-made rows carry versions: the comparison is not of -1s alone"
 
 
 # ---------------------------------------------------------------------- GRPO

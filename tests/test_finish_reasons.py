@@ -90,4 +90,4 @@ def test_a_version_1_store_stays_readable_and_appendable(trajs, qwen25, tmp_path
     mixed = list(read_trajectories(tmp_path))
     assert [t.finish_reasons for t in mixed] == [[None] * 3, [None] * 3, ["length", "stop", "stop_string"]]
     assert read_table(tmp_path, columns=["schema_version"]).column(0).to_pylist() == [1, 1, SCHEMA_VERSION]
-    assert json.loads((tmp_path / MANIFEST_NAME).read_text())["schema_version"] == SCHEMA_VERSION == 3
+    assert json.loads((tmp_path / MANIFEST_NAME).read_text())["schema_version"] == SCHEMA_VERSION == 4

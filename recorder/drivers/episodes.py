@@ -355,7 +355,9 @@ class EpisodeSlot:
     def step(self, gen: Generation) -> Any:
         """``env.step`` with the generation; an exception is returned, not raised."""
         try:
-            return self.recorder.step(gen.token_ids, logprobs=gen.logprobs, finish_reason=gen.finish_reason)
+            return self.recorder.step(
+                gen.token_ids, logprobs=gen.logprobs, finish_reason=gen.finish_reason, versions=gen.versions
+            )
         except Exception as err:
             return err
 

@@ -21,7 +21,7 @@ those, so they all see the shards only: ``pandas.read_parquet("runs/grpo-0")``,
 readers (:func:`read_trajectories`, :func:`read_table`, ``tokengym inspect``) see it as soon
 as :meth:`TrajectoryWriter.write` returned.
 
-Schema (``SCHEMA_VERSION = 3``), one row per trajectory, columns in this order:
+Schema (``SCHEMA_VERSION = 4``), one row per trajectory, columns in this order:
 
 ===================  ==========================  =================================================
 column               type                        meaning
@@ -69,12 +69,16 @@ images               list<struct<                the images in the row's stream 
                      turn: int32, index: int32,  turn (-1: the prompt), index in the episode,
                      placeholder_id: int32,      placeholder id and source (``prompt`` or
                      source: string>>            ``observation``)
+versions             list<int32>                 the weight version that sampled each token
+                                                 (added in version 4; null in older rows): -1 on
+                                                 mask-0 tokens and on actions whose policy did
+                                                 not say (:mod:`tokengym.policies.versions`)
 ===================  ==========================  =================================================
 
 ``turn_rewards`` is float64 (not float32) so that the reward an env returned comes back
-bit for bit. Stores of schema version 1 (no ``finish_reasons`` column) and 2 (no ``images``)
-stay readable: their trajectories have unknown finish reasons or no images, and a writer may
-append version-3 shards to them. Images are held once each, content-addressed, in the store's
+bit for bit. Stores of schema version 1 (no ``finish_reasons`` column), 2 (no ``images``) and 3 (no
+``versions``) stay readable: their trajectories have unknown finish reasons, no images or
+unknown weight versions, and a writer may append version-4 shards to them. Images are held once each, content-addressed, in the store's
 ``images/`` folder (:mod:`~tokengym.recorder.store.images`: the PNG and the features the model
 was given, named by their SHA-256); a file is written and fsynced before the row that names
 it, and a reader refuses a missing or damaged one by name. A logprob that the policy gave as NaN is stored as NaN, not null: null means

@@ -26,7 +26,9 @@ from .schema import check_version
 # u32 length of a JSON object + the object (the small columns, token count, segment kinds,
 # turn count, byte lengths of the JSON-text columns) + those texts (UTF-8) + segment
 # (start, end, turn) triples (int32) + turn rewards (float64) + token ids (int32), mask
-# (int8), logprob values (float32) and "logprob given" flags (uint8); all little-endian.
+# (int8), logprob values (float32) and "logprob given" flags (uint8), then, when the JSON object has
+# ``"v": 1``, the weight versions (int32, one per token); all little-endian. A record without
+# ``"v"`` (an older log's, or a row whose policy gave no versions) has none.
 _LOG_MAGIC = b"TGLOG1\n"
 _REC_MAGIC = b"TGR1"
 _REC_HEAD = struct.Struct("<4sII")
@@ -49,13 +51,17 @@ def encode_row(row: dict[str, Any]) -> bytes:
     """One record, with a random id of its own (``rid``): what tells a record written twice."""
     values, given = row["logprobs"]
     segs = row["segments"]
-    meta = {k: v for k, v in row.items() if k not in ("token_ids", "mask", "logprobs", "segments", "turn_rewards", *_RAW_TEXT)}
+    versions = row.get("versions")
+    meta = {k: v for k, v in row.items()
+            if k not in ("token_ids", "mask", "logprobs", "segments", "turn_rewards", "versions", *_RAW_TEXT)}
     texts = [None if row[k] is None else row[k].encode("utf-8") for k in _RAW_TEXT]
     meta["n"] = len(row["token_ids"])
     meta["kinds"] = "".join(_KIND_CODE[s["kind"]] for s in segs)
     meta["turns"] = len(row["turn_rewards"])
     meta["text"] = [None if t is None else len(t) for t in texts]
     meta["rid"] = secrets.token_hex(8)
+    if versions is not None:
+        meta["v"] = 1
     head = json.dumps(meta, ensure_ascii=False).encode("utf-8")
     payload = b"".join(
         [
@@ -68,6 +74,7 @@ def encode_row(row: dict[str, Any]) -> bytes:
             np.ascontiguousarray(row["mask"], dtype="i1").tobytes(),
             np.ascontiguousarray(values, dtype="<f4").tobytes(),
             np.ascontiguousarray(given, dtype="u1").tobytes(),
+            b"" if versions is None else np.ascontiguousarray(versions, dtype="<i4").tobytes(),
         ]
     )
     return _REC_HEAD.pack(_REC_MAGIC, len(payload), zlib.crc32(payload)) + payload
@@ -77,6 +84,7 @@ def _decode_payload(payload: bytes) -> tuple[dict[str, Any], str | None]:
     (hlen,) = _U32.unpack_from(payload, 0)
     row = json.loads(payload[4 : 4 + hlen].decode("utf-8"))
     n, kinds, turns, rid = row.pop("n"), row.pop("kinds"), row.pop("turns"), row.pop("rid", None)
+    stamped = row.pop("v", 0) == 1
     at = 4 + hlen
     for key, size in zip(_RAW_TEXT, row.pop("text")):
         row[key] = None if size is None else payload[at : at + size].decode("utf-8")
@@ -93,9 +101,10 @@ def _decode_payload(payload: bytes) -> tuple[dict[str, Any], str | None]:
     mask = np.frombuffer(payload, "i1", n, at + 4 * n)
     values = np.frombuffer(payload, "<f4", n, at + 5 * n)
     given = np.frombuffer(payload, "u1", n, at + 9 * n).astype(bool)
-    if at + 10 * n != len(payload):
+    versions = np.frombuffer(payload, "<i4", n, at + 10 * n).astype(np.int32) if stamped else None
+    if at + (14 if stamped else 10) * n != len(payload):
         raise ValueError("record length does not match its token count")
-    row.update(token_ids=ids, mask=mask, logprobs=(values, given))
+    row.update(token_ids=ids, mask=mask, logprobs=(values, given), versions=versions)
     return row, rid
 
 

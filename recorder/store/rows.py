@@ -85,6 +85,7 @@ def trajectory_row(
         raise ValueError(f"a trajectory of {len(ids)} tokens does not fit int32 offsets")
     values = np.full(len(ids), np.nan, dtype=np.float32)
     given = np.zeros(len(ids), dtype=bool)
+    versions = t.versions if any(s.versions is not None for s in t.segments) else None
     offsets = t.offsets
     segments = []
     for i, s in enumerate(t.segments):
@@ -114,6 +115,7 @@ def trajectory_row(
         "conformance_summary": _json(t.conformance_summary, "conformance summary"),
         "metadata": _json(t.metadata or {}, "metadata"),
         "images": images or None,
+        "versions": None if versions is None else versions.astype(np.int32),
     }
 
 
@@ -141,6 +143,11 @@ def rows_table(rows: list[dict[str, Any]], name: str, fingerprint: str, file_met
         "schema_version": pa.array([SCHEMA_VERSION] * n, pa.int32()),
     }
     columns["images"] = pa.array([r.get("images") for r in rows], SCHEMA.field("images").type)  # none in older logs
+    stamped = [r.get("versions") for r in rows]  # none in older logs, or from policies that cannot say
+    versions = lists([np.zeros(0, np.int32) if v is None else v for v in stamped], pa.int32())
+    if any(v is None for v in stamped):
+        versions = pa.ListArray.from_arrays(versions.offsets, versions.values, mask=pa.array([v is None for v in stamped]))
+    columns["versions"] = versions
     for field in SCHEMA:
         if field.name not in columns:
             columns[field.name] = pa.array(col(field.name), field.type)
@@ -168,7 +175,10 @@ def decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Traj
     lp_arr, lp_off = _flat(batch, "logprobs")
     lp_all = lp_arr.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
     lp_given = pc.is_valid(lp_arr).to_numpy(zero_copy_only=False)
-    rows = batch.drop_columns(["token_ids", "mask", "logprobs"]).to_pylist()
+    v_arr, v_off = _flat(batch, "versions")
+    v_all = v_arr.to_numpy(zero_copy_only=False)
+    v_null = batch.column("versions").is_null().to_numpy(zero_copy_only=False)
+    rows = batch.drop_columns(["token_ids", "mask", "logprobs", "versions"]).to_pylist()
     for r, row in enumerate(rows):
         where = f"{path}: row {first + r}"
         if row["schema_version"] not in READABLE_VERSIONS:
@@ -181,9 +191,12 @@ def decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Traj
         given = lp_given[lp_off[r] : lp_off[r + 1]]
         if not (len(ids) == len(mask) == len(lp)):
             raise CorruptShardError(f"{where}: token_ids, mask and logprobs differ in length")
+        versions = None if v_null[r] else v_all[v_off[r] : v_off[r + 1]]
+        if versions is not None and len(versions) != len(ids):
+            raise CorruptShardError(f"{where}: {len(versions)} weight versions for {len(ids)} tokens")
         try:
             images = [load_image_entry(path.parent, e) for e in row.get("images") or ()]
-            yield _decode_row(row, ids, mask, lp, given, images)
+            yield _decode_row(row, ids, mask, lp, given, images, versions)
         except CorruptShardError as err:
             raise CorruptShardError(f"{where}: {err}") from None
         except ValueError as err:  # the Trajectory / Segment checks
@@ -191,7 +204,8 @@ def decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Traj
 
 
 def _decode_row(
-    row: dict[str, Any], ids: np.ndarray, mask: np.ndarray, lp: np.ndarray, given: np.ndarray, images: list[Any]
+    row: dict[str, Any], ids: np.ndarray, mask: np.ndarray, lp: np.ndarray, given: np.ndarray, images: list[Any],
+    versions: np.ndarray | None = None,
 ) -> Trajectory:
     """One row back into a Trajectory, checking it against its own segments."""
     rewards = row["turn_rewards"] or []
@@ -226,7 +240,17 @@ def _decode_row(
         elif given[start:end].any():
             raise CorruptShardError(f"{kind.value} segment [{start}, {end}) carries logprobs")
         reason = finish[turn - first] if finish is not None and kind is SegmentKind.ACTION else None
-        segments.append(Segment(kind, ids[start:end], turn, logprobs=logprobs, reward=reward, finish_reason=reason))
+        stamped = None
+        if versions is not None:
+            span_v = versions[start:end]
+            if kind is not SegmentKind.ACTION and (span_v != -1).any():
+                raise CorruptShardError(f"{kind.value} segment [{start}, {end}) carries weight versions")
+            if kind is SegmentKind.ACTION and span_v.size and (span_v >= 0).all():
+                stamped = span_v.astype(np.int32)
+            elif kind is SegmentKind.ACTION and (span_v != -1).any():
+                raise CorruptShardError(f"action segment [{start}, {end}) has weight versions for some tokens only")
+        segments.append(Segment(kind, ids[start:end], turn, logprobs=logprobs, reward=reward, finish_reason=reason,
+                                versions=stamped))
     if pos != len(ids):
         raise CorruptShardError(f"segments cover {pos} of {len(ids)} tokens")
     traj = Trajectory(

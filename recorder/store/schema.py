@@ -16,9 +16,10 @@ from .errors import SchemaVersionError
 
 __all__ = ["FORMAT", "IMAGE_TYPE", "METADATA_KEY", "READABLE_VERSIONS", "SCHEMA", "SCHEMA_VERSION", "SEGMENT_TYPE"]
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
-"""Schema versions this tokengym reads (version 1 lacks ``finish_reasons``, 1 and 2 ``images``)."""
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
+"""Schema versions this tokengym reads (version 1 lacks ``finish_reasons``, 1 and 2 ``images``, 1 to 3
+``versions``)."""
 FORMAT = "tokengym-trajectories"
 METADATA_KEY = b"tokengym"
 
@@ -55,6 +56,7 @@ SCHEMA = pa.schema(
         ("tokenizer_hash", pa.string()),
         ("schema_version", pa.int32()),
         ("images", pa.list_(IMAGE_TYPE)),
+        ("versions", pa.list_(pa.int32())),
     ]
 )
 
@@ -63,7 +65,11 @@ INT32_MAX = 2**31 - 1
 
 def schema_of(version: int) -> pa.Schema:
     """The columns a shard of schema ``version`` has."""
-    missing = {"images"} if version == 2 else {"images", "finish_reasons"} if version < 2 else set()
+    missing = {"versions"} if version < 4 else set()
+    if version < 3:
+        missing.add("images")
+    if version < 2:
+        missing.add("finish_reasons")
     return pa.schema([f for f in SCHEMA if f.name not in missing])
 
 

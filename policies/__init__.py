@@ -14,6 +14,7 @@ from .hf import HFPolicy
 from .hf_vision import HFVisionPolicy
 from .openai_server import OpenAIServerPolicy
 from .scripted import ScriptedPolicy, scripted_replies
+from .versions import OnUpdate, PolicyClosed, Versioned, VersionWentBackwards, WeightsMismatch, WeightUpdateError
 from .vllm import AsyncVLLMPolicy, VLLMPolicy  # vllm itself is imported only when one is built
 
 __all__ = [
@@ -23,13 +24,19 @@ __all__ = [
     "HFPolicy",
     "HFVisionPolicy",
     "LogprobKind",
+    "OnUpdate",
     "OpenAIServerPolicy",
     "Policy",
+    "PolicyClosed",
     "SamplingParams",
     "ScriptedPolicy",
     "StreamsTokens",
     "TokenListener",
     "VLLMPolicy",
+    "VersionWentBackwards",
+    "Versioned",
+    "WeightUpdateError",
+    "WeightsMismatch",
     "agenerate",
     "scripted_replies",
 ]

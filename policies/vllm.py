@@ -27,6 +27,7 @@ The async engine always runs its engine core in a child process.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import uuid
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .base import FinishReason, Generation, LogprobKind, SamplingParams, check_contexts, per_request
+from .versions import OnUpdate, PolicyClosed, WeightsMismatch, check_on_update, load_weights, next_version
 
 __all__ = ["AsyncVLLMPolicy", "VLLMPolicy", "logprob_kind_of", "to_vllm_sampling"]
 
@@ -137,6 +139,9 @@ class VLLMPolicy:
         engine_kwargs: passed to ``vllm.LLM``, e.g. ``dtype="float32"``,
             ``kv_cache_memory_bytes=64 << 20``, ``max_model_len=4096``, ``enforce_eager=True``,
             ``seed=0``.
+
+    ``version`` is the weight version it samples with (0 until :meth:`update_weights`), stamped on
+    every token it returns.
     """
 
     def __init__(self, model: Any, *, logprobs_mode: str = "raw_logprobs", **engine_kwargs: Any) -> None:
@@ -153,6 +158,43 @@ class VLLMPolicy:
         self.logprobs_mode = str(self.llm.model_config.logprobs_mode)
         self.logprob_kind: LogprobKind = logprob_kind_of(self.logprobs_mode)
         self.max_model_len = int(self.llm.model_config.max_model_len)
+        self.version = 0
+        self._lock = threading.Lock()  # held by a generate call: an update goes in between calls
+
+    def update_weights(self, weights: Any, version: int | None = None, *, on_update: OnUpdate | None = None) -> int:
+        """Put ``weights`` in (a state dict in the checkpoint's names, or a folder or file of
+        them) through vLLM's own in-place reload (``reload_weights`` on every worker), then drop
+        the prefix cache (its KV was computed with the old weights); returns the version now in place.
+
+        The offline engine runs each ``generate`` call to its end, so turns under way always finish
+        on the weights they started with: ``on_update`` may only be ``"finish"`` (the default)
+        here; for ``"continue"`` or ``"restart"`` use :class:`~tokengym.policies.HFPolicy`. The
+        weights are checked against the names and shapes of the checkpoint the engine was built
+        from first: a :class:`~tokengym.policies.versions.WeightsMismatch` changes nothing.
+        """
+        mode = check_on_update("finish" if on_update is None else on_update)
+        if mode != "finish":
+            raise ValueError(
+                f"on_update={mode!r}: VLLMPolicy's offline engine runs every generate call to its end, so turns under "
+                "way finish on the weights they started with (on_update='finish'); HFPolicy takes 'continue' and 'restart'"
+            )
+        with self._lock:
+            if "llm" not in self.__dict__:
+                raise PolicyClosed(f"{self.name} was closed: it takes no more weight updates")
+            new = next_version(self.version, version)
+            state = load_weights(weights) if isinstance(weights, (str, os.PathLike)) else weights
+            if not hasattr(state, "items"):
+                raise TypeError(f"weights must be a state dict or a path, got {type(weights).__name__}")
+            tied = bool(getattr(self.llm.model_config.hf_config, "tie_word_embeddings", False))
+            _check_checkpoint_names(state, self.llm.model_config.model, tied)
+            items = [(str(k), v.detach().cpu()) for k, v in state.items()]
+            if tied and "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+                # vLLM's in-place reload fills its LM head from this name only (save_pretrained leaves the alias out)
+                items.append(("lm_head.weight", state["model.embed_tokens.weight"].detach().cpu()))
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+            self.llm.reset_prefix_cache()
+            self.version = new
+            return new
 
     def generate(
         self, contexts: Sequence[Sequence[int]], sampling: SamplingParams | Sequence[SamplingParams]
@@ -166,8 +208,10 @@ class VLLMPolicy:
             return []
         prompts = [TokensPrompt(prompt_token_ids=c) for c in ctxs]
         vparams = [to_vllm_sampling(p, min(p.max_tokens, self.max_model_len - len(c))) for p, c in zip(params, ctxs)]
-        outputs = self.llm.generate(prompts, vparams, use_tqdm=False)
-        return [_generation(o, self.logprob_kind, len(c)) for o, c in zip(outputs, ctxs)]
+        with self._lock:
+            outputs = self.llm.generate(prompts, vparams, use_tqdm=False)
+            version = self.version
+        return [_generation(o, self.logprob_kind, len(c)).with_version(version) for o, c in zip(outputs, ctxs)]
 
     def close(self) -> None:
         """Drop the engine (vLLM frees its memory when the ``LLM`` is collected).
@@ -183,6 +227,36 @@ class VLLMPolicy:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_checkpoint_names(state: Any, model: str, tied: bool) -> None:
+    """Refuse weights whose names or shapes are not those of the checkpoint in ``model`` (a folder
+    of safetensors files; another kind of source is not checked). A tied alias (``lm_head.weight``
+    of a model with tied embeddings, as a trainer's ``state_dict()`` has it) is not unknown."""
+    from pathlib import Path
+
+    files = sorted(Path(model).glob("*.safetensors")) if Path(model).is_dir() else []
+    if not files:
+        return
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        with safe_open(str(f), "pt") as sf:
+            for k in sf.keys():
+                shapes[k] = tuple(sf.get_slice(k).get_shape())
+    if tied and "lm_head.weight" not in shapes and "model.embed_tokens.weight" in shapes:
+        shapes["lm_head.weight"] = shapes["model.embed_tokens.weight"]
+    unknown = sorted(k for k in state if k not in shapes)
+    other = [f"{k}: {tuple(v.shape)} (the checkpoint's is {shapes[k]})" for k, v in state.items()
+             if k in shapes and tuple(v.shape) != shapes[k]]
+    missing = sorted(k for k in shapes if k not in state and not (tied and k == "lm_head.weight"))
+    if unknown or other or missing:
+        raise WeightsMismatch(
+            f"the weights do not fit the checkpoint in {model}: {len(missing)} of its tensors missing "
+            f"{missing[:3]}, {len(unknown)} unknown names {unknown[:3]}, {len(other)} other shapes {other[:2]}; "
+            "nothing was changed"
+        )
 
 
 class AsyncVLLMPolicy:

@@ -317,3 +317,50 @@ def test_server_stop_semantics(server, policy, qwen3):
     both = asyncio.run(server.agenerate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=3, seed=7)))
     assert [len(g.token_ids) for g in both] == [3, 3]
 
+
+
+# -- weight updates ----------------------------------------------------------------------
+
+
+def test_weight_updates_go_in_between_calls_and_every_token_says_its_version(tiny_dir, policy, qwen3):
+    """vLLM's own in-place reload takes a trainer's state dict: later tokens carry the new version
+    and are the new weights' (the law holds under them, not under the old ones); bad updates are
+    named errors that change nothing; the original weights put back give the first samples again."""
+    import copy
+
+    from tokengym.policies.versions import VersionWentBackwards, WeightsMismatch
+
+    model = tiny_dir[1]
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    start = policy.version
+    sp = SamplingParams(max_tokens=6, seed=5)
+    before = policy.generate([[1, 2, 3]], sp)[0]
+    assert before.versions.tolist() == [start] * 6
+    trained = copy.deepcopy(model)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    new = policy.update_weights(trained.state_dict())
+    assert new == start + 1 == policy.version
+    result = run_episodes(policy, qwen3)
+    trajs = assert_the_law(trained, result, "vllm after a weight update")
+    assert all(t.has_versions and set(t.versions[t.mask == 1].tolist()) == {new} for t in trajs)
+    stale, rollout_lp = recompute_logprobs(model, to_verl(trajs))
+    assert torch.max(torch.abs(stale - rollout_lp)).item() > 1e-2  # the old weights do not give them back
+
+    with pytest.raises(WeightsMismatch, match="unknown names"):
+        policy.update_weights({**original, "model.extra.weight": torch.zeros(2)})
+    with pytest.raises(WeightsMismatch, match="missing"):
+        policy.update_weights({k: v for k, v in original.items() if "layers.1." not in k})
+    with pytest.raises(VersionWentBackwards, match=f"not newer than the policy's version {new}"):
+        policy.update_weights(original, version=new)
+    with pytest.raises(ValueError, match="on_update='continue'"):
+        policy.update_weights(original, on_update="continue")
+    assert policy.version == new
+    assert policy.generate([[1, 2, 3]], sp)[0].token_ids.tolist() == policy.generate([[1, 2, 3]], sp)[0].token_ids.tolist()
+
+    assert policy.update_weights(original, version=new + 5) == new + 5  # later tests sample the first weights again
+    again = policy.generate([[1, 2, 3]], sp)[0]
+    assert again.token_ids.tolist() == before.token_ids.tolist() and again.versions.tolist() == [new + 5] * 6
+    np.testing.assert_allclose(again.logprobs, before.logprobs, atol=1e-5)

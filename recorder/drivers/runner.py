@@ -300,6 +300,8 @@ def drive(
     *,
     rounds: bool = False,
     deadlines: Deadlines | None = None,
+    admit: Callable[[EpisodeTask], Awaitable[bool]] | None = None,
+    on_start: Callable[[Callable[[], None]], None] | None = None,
 ) -> bool:
     """Play every task, ``len(slots)`` at a time, each at its own pace; ``on_outcome`` gets each result.
 
@@ -309,6 +311,10 @@ def drive(
     (a signal, Ctrl-C, or the policy interrupted). ``deadlines`` (default :class:`Deadlines`) bound
     each turn and step; a slot whose step passed its deadline takes no more episodes, and at the
     end a step still under way after :data:`STOP_GRACE_S` leaves its slot ``retired`` too.
+
+    ``admit`` (on the loop's thread) is awaited before each task starts: it may wait (an
+    asynchronous run bounding staleness), and False ends that slot's worker. ``on_start`` is called
+    once the loop runs with the run's stop function (thread-safe: in-flight episodes are dropped whole).
     """
     if not slots:
         return False  # nothing to run (no episodes asked for)
@@ -326,6 +332,8 @@ def drive(
         for task in queue:
             if stop:
                 return
+            if admit is not None and not await admit(task):
+                return
             if gate is not None:
                 gate.enter()
             try:
@@ -342,6 +350,8 @@ def drive(
     async def main() -> None:
         stop.loop = asyncio.get_running_loop()
         stop.tasks.update(asyncio.ensure_future(worker(slot)) for slot in slots)
+        if on_start is not None:
+            on_start(stop.set)
         done, pending = await asyncio.wait(stop.tasks, return_when=asyncio.FIRST_EXCEPTION)
         errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
         if errors:

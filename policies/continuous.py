@@ -84,6 +84,8 @@ class ContinuousDecoder:
         """Requests admitted into a batch that was already decoding (they arrived mid-generation)."""
         self.updates = 0
         """Weight updates put in between decode steps."""
+        self.updates_asked = 0
+        """Weight updates handed to the loop (a ``"finish"`` one waits there for the requests in flight)."""
         self.rebuilds = 0
         """Requests whose KV cache was computed again with new weights (``on_update="continue"``)."""
         self.restarts = 0
@@ -108,6 +110,7 @@ class ContinuousDecoder:
         With no loop running, ``apply`` runs here and now (nothing is in flight)."""
         u = _Update(apply, mode, Future())
         with self._lock:
+            self.updates_asked += 1
             if self._thread is None:
                 apply()
                 self.updates += 1

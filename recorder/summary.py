@@ -33,6 +33,7 @@ _SUMMARY_COLUMNS = [
     "conformance_summary",
     "finish_reasons",
     "metadata",
+    "versions",
 ]
 _CONF_KEYS = ("turns_checked", "ok", "known", "mismatch", "deferred", "episodes_with_mismatch")
 
@@ -55,6 +56,10 @@ class Totals:
         self.tools: Counter[str] = Counter()
         self.reencoded = 0
         """Episodes whose actions arrived as text and were encoded again (the SkyRL text adapter)."""
+        self.versions: Counter[int] = Counter()
+        """Policy tokens per weight version (:mod:`tokengym.policies.versions`)."""
+        self.spanning = 0
+        """Rows whose policy tokens came from more than one weight version."""
 
     def add(self, batch: pa.RecordBatch) -> None:
         import pyarrow.compute as pc  # imported by a summary, not by ``tokengym --help``
@@ -68,6 +73,14 @@ class Totals:
         self.turns.append(n_turns.to_numpy(zero_copy_only=False))
         self.stops.update("none" if v is None else v for v in batch.column("stop_reason").to_pylist())
         self.env_ids.update("none" if v is None else v for v in batch.column("env_id").to_pylist())
+        for row in batch.column("versions").to_numpy(zero_copy_only=False):
+            if row is None:
+                continue
+            known = np.asarray(row)[np.asarray(row) >= 0]
+            if known.size:
+                values, counts = np.unique(known, return_counts=True)
+                self.versions.update(dict(zip(values.tolist(), counts.tolist())))
+                self.spanning += len(values) > 1
         for reasons in batch.column("finish_reasons").to_pylist():
             self.finishes.update("unknown" if r is None else r for r in (reasons or ()))
         for raw in batch.column("metadata").to_pylist():
@@ -118,6 +131,8 @@ class Totals:
             "finish_reasons": dict(self.finishes.most_common()),
             "tool_calls": dict(self.tools),
             "reencoded_episodes": self.reencoded,
+            "versions": {str(k): v for k, v in sorted(self.versions.items())},
+            "rows_spanning_versions": self.spanning,
             "env_ids": dict(self.env_ids.most_common()),
             "conformance": {**dict(self.conf), "behaviours": dict(sorted(self.behaviours.items()))},
         }
@@ -244,6 +259,12 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
                      "their answers may be incomplete though the episode counts as done"))
     if s.get("tool_calls", {}).get("calls"):
         rows.append(("tool calls", tool_calls_line(s["tool_calls"])))
+    versions = s.get("versions") or {}
+    if len(versions) > 1 or s.get("rows_spanning_versions"):
+        known = sum(versions.values())
+        rows.append(("weight versions", f"{len(versions)}: " + " · ".join(f"v{k} {n:,}" for k, n in versions.items())
+                     + f" policy tokens ({s['policy_tokens'] - known:,} of unknown version) · "
+                     f"{s.get('rows_spanning_versions', 0)} rows span more than one"))
     if s.get("reencoded_episodes"):
         rows.append(("re-encoded", f"{s['reencoded_episodes']} episodes got their actions as text, encoded again "
                      "(not the sampled ids: a trainer may see tokens the policy never produced)"))

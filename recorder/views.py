@@ -334,7 +334,8 @@ def render_turn_table(traj: Trajectory) -> str:
 
 def episode_notes(traj: Trajectory) -> list[str]:
     """What an episode's header adds to its stop reason: actions cut at the token limit (the
-    episode reads "done" though an answer may be incomplete) and its tool calls by outcome."""
+    episode reads "done" though an answer may be incomplete), its tool calls by outcome, and where
+    the weight version changed inside it."""
     notes = []
     cut = sum(r == "length" for r in traj.finish_reasons)
     if cut:
@@ -342,6 +343,14 @@ def episode_notes(traj: Trajectory) -> list[str]:
     tools = traj.metadata.get("tool_stats")
     if isinstance(tools, dict) and tools.get("calls"):
         notes.append("tool calls " + tool_calls_line({**tools, "episodes": 1}).split(": ", 1)[1])
+    changes = traj.version_changes()  # where a weight update fell inside the episode
+    if changes:
+        spans = traj.action_spans
+        where = []
+        for offset, old, new in changes:
+            turn = next(k for k, (a, z) in enumerate(spans) if a <= offset < z) + traj.first_turn
+            where.append(f"v{old} -> v{new} at token {offset} (turn {turn})")
+        notes.append("weights " + ", ".join(where))
     return notes
 
 

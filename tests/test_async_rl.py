@@ -53,15 +53,38 @@ LONG = SamplingParams(max_tokens=48, seed=3)
 CONTEXT = list(range(100, 130))
 
 
-def in_flight(policy, context=CONTEXT, params=LONG):
-    """Submit one request to the decode loop; returns its future once it is decoding."""
+def hold_for_update(policy, after: int) -> None:
+    """Make the decode loop wait, once ``after`` more decode steps have run, until an update is
+    queued: the update then falls inside the turns in flight however loaded the machine is."""
     from tokengym.policies.continuous import ContinuousDecoder
 
     if policy._decoder is None:
         policy._decoder = ContinuousDecoder(policy)
+    decoder, seen, base = policy._decoder, [0], policy._decoder.updates_asked
+
+    def listener(_n: int) -> None:
+        seen[0] += 1
+        if seen[0] == after:  # unless the update is in already
+            end = time.monotonic() + 30
+            while decoder.updates_asked == base and time.monotonic() < end:
+                time.sleep(0.0005)
+            remove()
+
+    remove = policy.add_token_listener(listener)
+
+
+def in_flight(policy, context=CONTEXT, params=LONG, *, hold: bool = True):
+    """Submit one request to the decode loop; returns its future once it is decoding (with ``hold``,
+    it waits at its third step for the next update to be queued)."""
+    from tokengym.policies.continuous import ContinuousDecoder
+
+    if policy._decoder is None:
+        policy._decoder = ContinuousDecoder(policy)
+    if hold:
+        hold_for_update(policy, 3)
     steps = policy._decoder.steps
     future = policy._decoder.submit(context, params)
-    wait_for(lambda: policy._decoder.steps >= steps + 3)
+    wait_for(lambda: policy._decoder.steps >= steps + 1)
     return future
 
 
@@ -130,7 +153,7 @@ def test_finish_lets_turns_in_flight_end_on_the_old_weights_and_holds_new_ones(h
 def test_refused_updates_change_nothing_and_name_the_cause(hf, tmp_path):
     policy, model = hf
     state = model.state_dict()
-    future = in_flight(policy)
+    future = in_flight(policy, hold=False)
     with pytest.raises(WeightsMismatch, match="names the model does not have"):
         policy.update_weights({**state, "model.nope.weight": torch.zeros(3)})
     with pytest.raises(WeightsMismatch, match="missing"):
@@ -290,8 +313,9 @@ def test_the_law_holds_per_version_across_updates_in_flight(hf, qwen3, tmp_path)
     rows = []
     with run:
         for step in range(1, 3):
-            wait_for(lambda: policy._decoder is not None and policy._decoder.steps > 4 * step)  # turns in flight
             weights[step] = perturbed(model, 10 + step)
+            wait_for(lambda: policy._decoder is not None)
+            hold_for_update(policy, 6)  # the decode loop waits there for the update: turns are in flight
             run.update_weights(weights[step].state_dict())
             rows += run.next_batch()
         rows += [t for b in run.batches() for t in b]
@@ -313,3 +337,32 @@ def test_the_law_holds_per_version_across_updates_in_flight(hf, qwen3, tmp_path)
         assert np.array_equal(stored[t.metadata["episode"]].versions, t.versions)
     packed = to_packed(rows)
     assert torch.equal(packed.versions, torch.from_numpy(np.concatenate([t.versions for t in rows])))
+
+
+def test_inspect_shows_where_the_version_changes(hf, qwen3, tmp_path, capsys):
+    from tokengym.recorder.cli.inspect_store import main
+
+    policy, model = hf
+    new = perturbed(model, 5).state_dict()
+    future = in_flight(policy)
+    policy.update_weights(new)
+    gen = future.result()
+    env = ReplayEnv(qwen3, max_turns=1)
+    from tokengym.recorder import RecordEpisodes
+
+    rec = RecordEpisodes(env)
+    obs, _ = rec.reset(seed=0)
+    rec.step(gen.token_ids, logprobs=gen.logprobs, finish_reason=gen.finish_reason, versions=gen.versions)
+    traj = rec.trajectories[0]
+    (offset, old, new), = traj.version_changes()
+    assert (old, new) == (0, 1) and traj.versions[offset - 1] == 0 and traj.versions[offset] == 1
+    with TrajectoryWriter(tmp_path, tokenizer=qwen3) as writer:
+        writer.write(traj)
+    assert main([str(tmp_path), "--no-color"]) == 0
+    out = capsys.readouterr().out
+    assert f"weights v0 -> v1 at token {offset} (turn 0)" in out
+    n0 = int((traj.versions == 0).sum())
+    assert f"weight versions  2: v0 {n0:,} · v1 {48 - n0:,} policy tokens (0 of unknown version) · 1 rows span more than one" in out
+    with pytest.raises(ValueError, match="one value per action token"):
+        rec.reset(seed=0)
+        rec.step(gen.token_ids, versions=gen.versions[:3])

@@ -64,7 +64,15 @@ class OpenAIServerPolicy:
         max_model_len: clamps ``max_tokens`` to the room left after the context; read from
             ``/v1/models`` on first use when not given (vLLM reports it there).
         extra_body: more request fields, merged last (server-specific options).
+
+    Weight versions: a server that says which weights sampled each output token (vLLM's
+    ``weight_versions`` spans, ``[{"version", "start", "end"}]``, integer versions) has them
+    stamped on the tokens; one that does not leaves them unknown (``Generation.versions`` None,
+    ``-1`` in the trajectory, counted as "of unknown version" by ``tokengym inspect``), and
+    ``version`` is None: the weights behind a server are the server's to change.
     """
+
+    version = None
 
     def __init__(
         self,
@@ -341,4 +349,26 @@ def parse_completion(response: dict[str, Any], context: Sequence[int], kind: Log
     else:
         raise ServerError(f"the server finished with reason {reason!r} (stop_reason={stop!r})")
     info = {"stop_reason": stop} if stop is not None else {}
-    return Generation(np.array(ids, dtype=np.int64), np.array(values, dtype=np.float32), finish, kind, info)
+    versions = weight_versions(choice.get("weight_versions"), len(ids))
+    return Generation(np.array(ids, dtype=np.int64), np.array(values, dtype=np.float32), finish, kind, info,
+                      versions=versions)
+
+
+def weight_versions(spans: Any, n: int) -> np.ndarray | None:
+    """The per-token versions of a server's ``weight_versions`` spans (vLLM's: ``version``, ``start``,
+    ``end`` over the output tokens), or None when it gave none. Spans that leave a token out, or a
+    version that is not an integer, are an error that says what the server sent."""
+    if not spans:
+        return None
+    out = np.full(n, -1, dtype=np.int32)
+    for span in spans:
+        try:
+            version, start, end = str(span["version"]), int(span["start"]), int(span["end"])
+        except (KeyError, TypeError, ValueError):
+            raise ServerError(f"the server's weight_versions entry {span!r} is not {{version, start, end}}") from None
+        if not version.lstrip("-").isdigit() or int(version) < 0:
+            raise ServerError(f"the server labels its weights {version!r}: tokengym records integer versions >= 0")
+        out[max(start, 0) : min(end, n)] = int(version)
+    if (out < 0).any():
+        raise ServerError(f"the server's weight_versions {spans!r} leave some of the {n} output tokens out")
+    return out

@@ -366,3 +366,17 @@ def test_inspect_shows_where_the_version_changes(hf, qwen3, tmp_path, capsys):
     with pytest.raises(ValueError, match="one value per action token"):
         rec.reset(seed=0)
         rec.step(gen.token_ids, versions=gen.versions[:3])
+
+
+def test_a_servers_weight_version_spans_are_stamped_or_refused_by_name():
+    from tokengym.policies.openai_server import ServerError, weight_versions
+
+    spans = [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 5}]
+    assert weight_versions(spans, 5).tolist() == [3, 3, 4, 4, 4]
+    assert weight_versions(None, 5) is None and weight_versions([], 5) is None
+    with pytest.raises(ServerError, match="leave some of the 6 output tokens out"):
+        weight_versions(spans, 6)
+    with pytest.raises(ServerError, match="labels its weights 'step-3'"):
+        weight_versions([{"version": "step-3", "start": 0, "end": 1}], 1)
+    with pytest.raises(ServerError, match="is not"):
+        weight_versions([{"start": 0}], 1)

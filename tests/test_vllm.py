@@ -294,6 +294,9 @@ def test_the_law_end_to_end_through_the_openai_server(tiny_dir, server, policy, 
     result = run_episodes(server, qwen3)
     trajs = assert_the_law(tiny_dir[1], result, "vllm server")
     assert trajs[0].sampling["policy"].startswith("openai:tiny@")
+    # vLLM's completions endpoint reports no weight versions: the tokens say so (-1), none is made up
+    assert server.version is None and not any(t.has_versions for t in trajs)
+    assert all((t.versions == -1).all() for t in trajs)
     # Same seeds, same engine: the server samples the very tokens the offline engine samples.
     offline = run_episodes(policy, qwen3)
     assert [t.token_ids.tolist() for t in trajs] == [t.token_ids.tolist() for t in offline.trajectories]

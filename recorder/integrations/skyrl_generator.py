@@ -81,6 +81,8 @@ def generator_row(traj: Trajectory) -> dict[str, Any]:
             "tool_rewards": list(traj.metadata.get("tool_rewards") or []),
             "conformance": traj.conformance_summary,
             "tokengym_error": None,
+            "versions": traj.versions[p:].tolist() if traj.has_versions else None,
+            "version_span": traj.version_span,
         },
     }
 
@@ -89,7 +91,8 @@ def _failed_row(error: str, env_id: str | None, filler: int) -> dict[str, Any]:
     return {
         "prompt_token_ids": [filler], "response_ids": [filler], "loss_masks": [0], "rewards": [0.0],
         "rollout_logprobs": [0.0], "stop_reasons": "error",
-        "env_metrics": {"env_id": env_id, "turn_rewards": [], "tool_rewards": [], "conformance": {}, "tokengym_error": error},
+        "env_metrics": {"env_id": env_id, "turn_rewards": [], "tool_rewards": [], "conformance": {}, "tokengym_error": error,
+                        "versions": None, "version_span": None},
     }  # fmt: skip
 
 
@@ -211,8 +214,10 @@ class TokenGymGenerator(GeneratorInterface):
             ids = [int(t) for t in out["response_ids"][0]]
             lps = out.get("response_logprobs")
             lps = lps[0] if lps else None
+            versions = out.get("response_versions")  # PolicyInferenceEngine's; a served engine says none
             return Generation(np.array(ids, dtype=np.int64), None if lps is None else np.array(lps, dtype=np.float32),
-                              engine_finish_reason(ids, params, self.tokenizer, "SkyRL's inference engine"))
+                              engine_finish_reason(ids, params, self.tokenizer, "SkyRL's inference engine"),
+                              versions=None if not versions or versions[0] is None else np.array(versions[0]))
 
         return await play_row(env, task, base, generate, self.deadlines)
 
@@ -240,6 +245,7 @@ class PolicyInferenceEngine(InferenceEngineInterface):
             "response_ids": [g.token_ids.tolist() for g in gens],
             "stop_reasons": [g.finish_reason for g in gens],
             "response_logprobs": [g.logprobs.tolist() for g in gens] if all(g.logprobs is not None for g in gens) else None,
+            "response_versions": [None if g.versions is None else g.versions.tolist() for g in gens],
             "prompt_logprobs": None,
             "rollout_expert_indices": None,
         }

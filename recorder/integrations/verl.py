@@ -16,7 +16,12 @@ tokengym's one turn loop (:func:`~tokengym.recorder.drivers.runner.play`):
   (0.0 on observation tokens, as verl's tool loop writes), ``reward_score`` (the episode's return),
   ``num_turns`` (messages: the prompt, each action, each observation), and in ``extra_fields``
   ``turn_scores`` (each turn's reward, the key verl's tool loop fills), ``tool_rewards``,
-  ``stop_reason``, ``conformance``, ``env_id``, ``response_truncated`` and ``tokengym_error``.
+  ``stop_reason``, ``conformance``, ``env_id``, ``response_truncated``, ``tokengym_error``, and
+  ``versions`` (the weight version of each response token, -1 on observation tokens; None when the
+  server did not say) and ``min_global_steps`` / ``max_global_steps`` (verl's names for the oldest
+  and newest weights of the row): a turn's version is the ``global_steps`` verl's server manager
+  reports for it; a turn whose call spanned a weight update (a partial rollout: its min and max
+  differ) has no per-token version, and the row's range still covers it.
 
 Configure it as verl users configure loops, one entry in the ``agent_loop_config_path`` YAML::
 
@@ -109,8 +114,21 @@ def agent_loop_output(
             "env_id": traj.env_id,
             "response_truncated": truncated,
             "tokengym_error": None,
+            "versions": traj.versions[p:end].tolist() if traj.has_versions else None,
+            "version_span": traj.version_span,
+            **_global_steps(traj),
         },
     )
+
+
+def _global_steps(traj: Trajectory) -> dict[str, int | None]:
+    """verl's ``min_global_steps`` / ``max_global_steps`` of a row: its tokens' versions, widened by
+    what the server reported for turns it could not stamp (``metadata["global_steps"]``)."""
+    span = traj.version_span
+    reported = traj.metadata.get("global_steps") or []
+    lows = [lo for lo, _ in reported if lo is not None] + ([span[0]] if span else [])
+    highs = [hi for _, hi in reported if hi is not None] + ([span[1]] if span else [])
+    return {"min_global_steps": min(lows) if lows else None, "max_global_steps": max(highs) if highs else None}
 
 
 def _failed_output(error: str, env_id: str | None, logprobs: bool) -> AgentLoopOutput:
@@ -124,7 +142,8 @@ def _failed_output(error: str, env_id: str | None, logprobs: bool) -> AgentLoopO
         metrics=AgentLoopMetrics(),
         extra_fields={
             "turn_scores": [], "tool_rewards": [], "stop_reason": "error", "conformance": {}, "env_id": env_id,
-            "response_truncated": False, "tokengym_error": error,
+            "response_truncated": False, "tokengym_error": error, "versions": None, "version_span": None,
+            "min_global_steps": None, "max_global_steps": None,
         },
     )  # fmt: skip
 
@@ -191,6 +210,7 @@ class TokenGymAgentLoop(AgentLoopBase):
         seeded = extra.get("episode") is not None
         timings = {"generate_s": 0.0, "env_s": 0.0}
         loop = asyncio.get_running_loop()
+        reported: list[tuple[Any, Any]] = []  # (min, max) global steps of turns that spanned an update
 
         async def generate(context: list[int], params: SamplingParams) -> Generation:
             if not seeded:
@@ -204,8 +224,15 @@ class TokenGymAgentLoop(AgentLoopBase):
                 raise RuntimeError("verl's server aborted the request")
             ids = [int(t) for t in out.token_ids]
             lps = out.log_probs if out.log_probs else None
+            steps = getattr(out, "extra_fields", None) or {}
+            lo = steps.get("min_global_steps", steps.get("global_steps"))
+            hi = steps.get("max_global_steps", steps.get("global_steps"))
+            one = lo is not None and lo == hi and int(lo) >= 0  # one version sampled the whole turn
+            if lo is not None and not one:
+                reported.append((lo, hi))
             return Generation(np.array(ids, dtype=np.int64), None if lps is None else np.array(lps, dtype=np.float32),
-                              engine_finish_reason(ids, params, self.tokenizer, "verl's server"))
+                              engine_finish_reason(ids, params, self.tokenizer, "verl's server"),
+                              versions=np.full(len(ids), int(lo), dtype=np.int32) if one else None)
 
         outcome = await play_row(env, task, base, generate, self.deadlines, timings)
         metrics = {"generate_sequences": timings["generate_s"], "tool_calls": timings["env_s"]}
@@ -217,6 +244,8 @@ class TokenGymAgentLoop(AgentLoopBase):
                 "sequence: use the env's default history", env_id, verl_params,
             )  # fmt: skip
         traj = outcome[0]
+        if reported:
+            traj.metadata["global_steps"] = reported
         if traj.prompt_len > self.prompt_length:
             return self._fail(f"the env's prompt has {traj.prompt_len} tokens, over verl's prompt_length {self.prompt_length}", env_id, verl_params)
         out = agent_loop_output(traj, response_length=self.response_length, cut=True, metrics=metrics)

@@ -94,6 +94,9 @@ def test_the_rows_are_rollouts_rows_token_for_token(played):
         assert sum(out["rewards"][i]) == pytest.approx(traj.reward)  # per token; their sum is the return
         assert out["stop_reasons"][i] == traj.stop_reason
         assert out["env_metrics"][i]["turn_rewards"] == traj.turn_rewards.tolist()
+        # the weight version of every response token, as the tokengym policy behind the engine stamped it
+        assert traj.has_versions and out["env_metrics"][i]["versions"] == traj.versions[p:].tolist()
+        assert out["env_metrics"][i]["version_span"] == traj.version_span == (0, 0)
     assert len({tuple(r) for r in out["response_ids"]}) == N  # each row sampled with its own seeds
     assert [t.to_string() for t in out["trajectory_ids"]] == [f"q_{i}" for i in range(N)]
 

@@ -64,7 +64,10 @@ class HFServer:
         async with self.lock:  # one request at a time, as rollout(concurrency=1) below
             (gen,) = await asyncio.to_thread(self.policy.generate, [prompt_ids], params)
         lps = gen.logprobs.tolist() if sp.get("logprobs") else None
-        return TokenOutput(token_ids=gen.token_ids.tolist(), log_probs=lps, stop_reason="completed")
+        # the weights' version as verl's own server manager (llm_server.py) reports it for a call
+        v = int(gen.versions[0])
+        steps = {"global_steps": v, "min_global_steps": v, "max_global_steps": v}
+        return TokenOutput(token_ids=gen.token_ids.tolist(), log_probs=lps, stop_reason="completed", extra_fields=steps)
 
 
 def verl_world(
@@ -150,6 +153,11 @@ def test_verl_plays_tokengym_episodes_in_its_own_worker_as_tokengym_does(world, 
     assert [list(s) for s in data.non_tensor_batch["turn_scores"]] == [t.turn_rewards.tolist() for t in ours]
     assert list(data.non_tensor_batch["stop_reason"]) == [t.stop_reason for t in ours]
     assert list(data.non_tensor_batch["tokengym_error"]) == [None] * N
+    # the version verl's server manager reports (global_steps) is on every policy token, as rollout's HFPolicy stamps it
+    for i, t in enumerate(ours):
+        assert list(data.non_tensor_batch["versions"][i]) == t.versions[t.prompt_len :][: R].tolist()
+        assert t.version_span == (0, 0) and data.non_tensor_batch["max_global_steps"][i] == 0
+    assert list(data.non_tensor_batch["min_global_steps"]) == [0] * N
     assert list(data.non_tensor_batch["__num_turns__"]) == [len(t.segments) for t in ours]
     # to_verl writes verl's own names too, with the same values
     laid = to_verl(ours).non_tensors

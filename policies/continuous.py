@@ -235,15 +235,10 @@ class ContinuousDecoder:
         from transformers import DynamicCache
 
         p = self.policy
-        n, width = len(rows), max(len(r.context) for r in rows)
-        ids = torch.full((n, width), p.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r.context):] = torch.as_tensor(r.context, dtype=torch.long)
-            mask[i, width - len(r.context):] = 1
+        n = len(rows)
+        for r in rows:
             r.generator = p.generator(r.params)
-        ids, mask = ids.to(p.device), mask.to(p.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, positions = p.left_padded([r.context for r in rows])
         cache = DynamicCache()
         logits = p.forward(ids, mask, positions, cache)
         _check_layers(cache)
@@ -264,15 +259,7 @@ class ContinuousDecoder:
         from transformers import DynamicCache
 
         p = self.policy
-        seqs = [r.context + r.ids[:-1] for r in rows]
-        n, width = len(rows), max(len(q) for q in seqs)
-        ids = torch.full((n, width), p.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, q in enumerate(seqs):
-            ids[i, width - len(q):] = torch.as_tensor(q, dtype=torch.long)
-            mask[i, width - len(q):] = 1
-        ids, mask = ids.to(p.device), mask.to(p.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, positions = p.left_padded([r.context + r.ids[:-1] for r in rows])
         cache = DynamicCache()
         p.forward(ids, mask, positions, cache)
         last = torch.as_tensor([[r.ids[-1]] for r in rows], dtype=torch.long, device=p.device)

@@ -175,14 +175,7 @@ class HFPolicy:
         if not contexts:
             return []
         n = len(contexts)
-        width = max(len(c) for c in contexts)
-        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((n, width), dtype=torch.long)
-        for i, c in enumerate(contexts):
-            ids[i, width - len(c) :] = torch.as_tensor(c, dtype=torch.long)
-            attention[i, width - len(c) :] = 1
-        ids, attention = ids.to(self.device), attention.to(self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        ids, attention, positions = self.left_padded(contexts)
         generators = [self.generator(p) for p in params]
 
         out_ids: list[list[int]] = [[] for _ in range(n)]
@@ -228,6 +221,20 @@ class HFPolicy:
         return check_contexts(contexts)
 
     # ------------------------------------------------------------ decode pieces
+    def left_padded(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(ids, attention mask, position ids)`` of ``seqs`` left-padded to one width, on the device:
+        what every prefill of both decode loops feeds the model."""
+        import torch
+
+        n, width = len(seqs), max(len(q) for q in seqs)
+        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, q in enumerate(seqs):
+            ids[i, width - len(q) :] = torch.as_tensor(q, dtype=torch.long)
+            mask[i, width - len(q) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
     def generator(self, p: SamplingParams) -> torch.Generator:
         """The request's own random generator (seeded by ``p.seed``, else at random)."""
         import torch

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs read; at run time each name loa
         group_signal,
         grpo_advantages,
     )
-    from .drivers.async_rollout import AsyncRollout, AsyncRolloutStats
+    from .drivers.async_rollout import AsyncRollout, AsyncRolloutStats, StalenessStall
     from .batches import BatchBuffers, MissingLogprobsWarning, PackedBatch, VerlBatch, to_packed, to_trl, to_verl
     from .learning import GRPOConfig, TrainingRun, train_grpo
     from .drivers.rollout import EpisodeError, RolloutResult, RolloutStats, rollout, summary_table
@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {  # name -> the module that defines it (imported on 
     "to_verl": ".batches",
     "AsyncRollout": ".drivers.async_rollout",
     "AsyncRolloutStats": ".drivers.async_rollout",
+    "StalenessStall": ".drivers.async_rollout",
     "Deadlines": ".drivers.step_pool",
     "EpisodeTimeout": ".drivers.step_pool",
     "EpisodeError": ".drivers.rollout",
@@ -85,6 +86,7 @@ __all__ = [
     "RolloutStats",
     "Segment",
     "SegmentKind",
+    "StalenessStall",
     "TrainingRun",
     "Trajectory",
     "VerlBatch",

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from tokengym.policies.base import SamplingParams
+from tokengym.policies.versions import check_on_update
 
 from .advantages import grpo_advantages
 from .batches import to_verl
@@ -78,8 +79,20 @@ class GRPOConfig:
     eval_seed: int = 1_000_000
     """Held-out reset seeds ``eval_seed .. eval_seed + eval_episodes - 1``, never used for training."""
     eval_sampling: SamplingParams = SamplingParams(max_tokens=24, temperature=0.0)
+    max_staleness: int | None = None
+    """None: synchronous (each iteration rolls out on the newest weights, then trains). K >= 0:
+    asynchronous (:class:`~tokengym.recorder.AsyncRollout`): episodes run on a copy of the model
+    while the trainer trains, the copy takes the new weights after every step, and no episode
+    starts more than K updates behind (0: a batch at a time, but the next starts while this one trains)."""
+    on_update: str = "continue"
+    """Asynchronous runs: what the turns in flight at an update do (``continue``, ``restart``, ``finish``)."""
 
     def __post_init__(self) -> None:
+        if self.max_staleness is not None and (
+            isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0
+        ):
+            raise ValueError(f"max_staleness is None (synchronous) or a count of updates >= 0, not {self.max_staleness!r}")
+        check_on_update(self.on_update)
         if self.iterations < 1 or self.tasks_per_iteration < 1 or self.eval_every < 1 or self.eval_episodes < 1:
             raise ValueError("iterations, tasks_per_iteration, eval_every and eval_episodes must be >= 1")
         if self.group_size < 2:
@@ -114,11 +127,20 @@ class IterationLog:
     kl: float
     clip_fraction: float
     logprob_diff: float
-    """Max ``|recomputed - rollout|`` logprob over the policy tokens, before the update."""
+    """Max ``|recomputed - rollout|`` logprob, before the update, over the policy tokens that the
+    weights being trained sampled (every token of a synchronous run): float noise, or the trainer
+    does not score what the policy sampled. NaN when every row of an asynchronous batch is stale."""
     generate_s: float
+    """Synchronous: the rollout. Asynchronous: the time the trainer waited for the batch."""
     train_s: float
+    """The update (asynchronous: and putting the new weights in the rollout's copy)."""
     turns: float = 1.0
     """Mean assistant turns per episode (all of them trained on: ``response_mask`` covers every turn's tokens)."""
+    staleness: tuple[int, ...] = ()
+    """Asynchronous runs: per episode of the batch, the updates made since it started (0: on-policy)."""
+    stale_logprob_diff: float = float("nan")
+    """Asynchronous runs: max ``|recomputed - rollout|`` over tokens older weights sampled: how
+    far off-policy the batch was (the clipped importance ratio corrects for it)."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +172,7 @@ class EvalLog:
     """Each held-out episode, in episode order (the same reset seeds, so the same tasks, in every evaluation)."""
     trained: frozenset[Any] = frozenset()
     """The task ids training had sampled when this evaluation ran."""
+    seconds: float = 0.0
 
 
 @dataclass
@@ -159,6 +182,18 @@ class TrainingRun:
     config: GRPOConfig
     iterations: list[IterationLog] = field(default_factory=list)
     evals: list[EvalLog] = field(default_factory=list)
+    seconds: float = 0.0
+    """The whole run, evaluations included (:attr:`EvalLog.seconds` says how much of it they took)."""
+    rollout_stats: dict[str, Any] = field(default_factory=dict)
+    """Asynchronous runs: the :class:`~tokengym.recorder.AsyncRolloutStats` of the run, as a dict."""
+
+    def staleness_histogram(self) -> dict[int, int]:
+        """Trained-on episodes by how many updates each missed (a synchronous run: all 0)."""
+        counts: dict[int, int] = {}
+        for it in self.iterations:
+            for k in it.staleness or (0,) * self.config.tasks_per_iteration * self.config.group_size:
+                counts[k] = counts.get(k, 0) + 1
+        return dict(sorted(counts.items()))
 
     def series(self, name: str) -> np.ndarray:
         """Per iteration: ``"reward"``, a metric's name, or any :class:`IterationLog` field."""
@@ -245,6 +280,13 @@ def train_grpo(
 ) -> TrainingRun:
     """Train ``model`` in place with GRPO on ``make_env``'s tasks; returns the logs.
 
+    With ``config.max_staleness`` set, generation and training overlap: episodes run on a copy of
+    ``model`` in :class:`~tokengym.recorder.AsyncRollout`'s thread, the trainer takes each batch
+    as its groups end, trains, and puts the new weights in the copy (version = updates made); the
+    batch's stale rows are trained on with their own logprobs as the behaviour policy's (the
+    clipped ratio), and only its fresh tokens enter ``logprob_diff``. Iteration ``i`` trains on
+    the ``i``-th batch to end, so the tasks are the synchronous run's, in another order.
+
     Args:
         model: a transformers causal LM (float32 for logprobs that match to float noise).
         tokenizer: its tokenizer (for the policy's stop strings).
@@ -260,7 +302,9 @@ def train_grpo(
     from .training import grpo_loss, policy_logprobs
 
     c = config
-    policy = HFPolicy(model, tokenizer, device=next(model.parameters()).device)
+    began = time.perf_counter()
+    device = next(model.parameters()).device
+    policy = HFPolicy(model, tokenizer, device=device)  # the trained weights: evaluations, and a synchronous run's samples
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=c.lr, weight_decay=0.0)
     reference = copy.deepcopy(model).eval().requires_grad_(False) if c.kl_coef > 0 else None
@@ -270,6 +314,7 @@ def train_grpo(
     trained: set[Any] = set()  # the task ids training has sampled
 
     def evaluate(after: int) -> None:
+        start = time.perf_counter()
         with torch.no_grad():
             trajs = _run(make_env, policy, episodes=c.eval_episodes, group_size=1, sampling=c.eval_sampling, seed=c.eval_seed)
         episodes = tuple(
@@ -280,26 +325,30 @@ def train_grpo(
         unseen_reward, unseen_metrics = _episode_means(unseen) if unseen else (float("nan"), {})
         log = EvalLog(
             after, *_episode_means(episodes), len(episodes) - len(unseen), unseen_reward, unseen_metrics,
-            episodes, frozenset(trained),
+            episodes, frozenset(trained), time.perf_counter() - start,
         )
         run.evals.append(log)
         if on_eval is not None:
             on_eval(log)
 
-    for it in range(c.iterations):
-        if it % c.eval_every == 0:
-            evaluate(it)
+    def train(it: int, trajs: list[Trajectory], waited: float, version: int) -> bool:
+        """One update on ``trajs`` (sampled with weights of versions <= ``version``, the trained ones)."""
         start = time.perf_counter()
-        trajs = _run(make_env, policy, episodes=n, group_size=c.group_size, sampling=c.sampling, seed=c.seed + it * c.tasks_per_iteration)
-        generated = time.perf_counter()
         trained.update(t.metadata["task_id"] for t in trajs if t.metadata.get("task_id") is not None)
         groups = grpo_advantages(trajs)  # warns (NoGroupSignalWarning) when no group has a signal
         batch = to_verl(trajs, advantages=groups.advantages)
         t = batch.tensors
         mask = t["response_mask"].bool()
         logprobs = policy_logprobs(model, batch)
-        diff = float((logprobs.detach().cpu() - t["rollout_log_probs"])[mask].abs().max())
-        if not math.isfinite(diff):
+        gap = (logprobs.detach().cpu() - t["rollout_log_probs"]).abs()
+        if c.max_staleness is None:
+            fresh = mask
+        else:  # the tokens the trained weights sampled (batch.tensors["rollout_versions"]: -1 off the policy's)
+            fresh = mask & (t["rollout_versions"] == version)
+        diff = float(gap[fresh].max()) if bool(fresh.any()) else float("nan")
+        stale = mask & ~fresh
+        stale_diff = float(gap[stale].max()) if bool(stale.any()) else float("nan")
+        if not math.isfinite(float(gap[mask].max())):
             raise FloatingPointError(f"iteration {it}: the recomputed logprobs are not finite: the weights diverged")
         ref = None
         if reference is not None:
@@ -318,10 +367,60 @@ def train_grpo(
         log = IterationLog(
             it, *_means(trajs, metrics), len(groups.with_signal), len(groups.groups), updated,
             float(parts.loss.detach()), parts.kl, parts.clip_fraction, diff,
-            generated - start, time.perf_counter() - generated, float(np.mean([t.num_turns for t in trajs])),
+            waited, time.perf_counter() - start, float(np.mean([t.num_turns for t in trajs])),
+            tuple(int(t.metadata.get("staleness", 0)) for t in trajs) if c.max_staleness is not None else (),
+            stale_diff,
         )
         run.iterations.append(log)
         if on_iteration is not None:
             on_iteration(log)
+        return updated
+
+    if c.max_staleness is None:
+        for it in range(c.iterations):
+            if it % c.eval_every == 0:
+                evaluate(it)
+            start = time.perf_counter()
+            trajs = _run(make_env, policy, episodes=n, group_size=c.group_size, sampling=c.sampling, seed=c.seed + it * c.tasks_per_iteration)
+            train(it, trajs, time.perf_counter() - start, policy.version)
+    else:
+        _train_async(c, model, tokenizer, device, make_env, evaluate, train, run)
     evaluate(c.iterations)
+    run.seconds = time.perf_counter() - began
     return run
+
+
+def _train_async(
+    c: GRPOConfig, model: Any, tokenizer: Any, device: Any, make_env: Any,
+    evaluate: Callable[[int], None], train: Callable[[int, list[Trajectory], float, int], bool], run: TrainingRun,
+) -> None:
+    """The asynchronous loop of :func:`train_grpo`: a copy of the model samples while the model trains."""
+    import torch
+
+    from tokengym.policies import HFPolicy
+
+    from .drivers.async_rollout import AsyncRollout
+
+    n = c.tasks_per_iteration * c.group_size
+    sampler = HFPolicy(copy.deepcopy(model).requires_grad_(False), tokenizer, device=device, on_update=c.on_update)
+    with AsyncRollout(
+        make_env, sampler, batch_size=n, max_staleness=c.max_staleness, on_update=c.on_update,
+        episodes=c.iterations * n, concurrency=n * (c.max_staleness + 1), sampling=c.sampling, seed=c.seed,
+        group_size=c.group_size,
+    ) as stream:
+        try:
+            for it in range(c.iterations):
+                if it % c.eval_every == 0:
+                    evaluate(it)
+                start = time.perf_counter()
+                trajs = stream.next_batch()
+                if len(trajs) != n:
+                    failed = stream.stats.errors[0] if stream.stats.errors else "none"
+                    raise RuntimeError(f"iteration {it}: a batch of {len(trajs)} episodes, not {n}; the first failure: {failed}")
+                train(it, trajs, time.perf_counter() - start, stream.version)
+                with torch.no_grad():  # every step is a version (an unchanged one too): the staleness bound counts them
+                    stream.update_weights({k: v.detach() for k, v in model.state_dict().items()}, it + 1)
+        finally:
+            stream.close()
+            run.rollout_stats = stream.stats.as_dict()
+            sampler.close()

@@ -20,7 +20,7 @@ from tiny_qwen3 import tiny_qwen3
 from tokengym.envs import ReplayEnv
 from tokengym.policies import HFPolicy, SamplingParams, ScriptedPolicy
 from tokengym.policies.versions import PolicyClosed, VersionWentBackwards, WeightsMismatch
-from tokengym.recorder import AsyncRollout, TrajectoryWriter, policy_logprobs, read_trajectories, to_packed, to_verl
+from tokengym.recorder import AsyncRollout, StalenessStall, TrajectoryWriter, policy_logprobs, read_trajectories, to_packed, to_verl
 
 
 def perturbed(model, seed: int, scale: float = 0.05):
@@ -281,6 +281,18 @@ def test_closing_drops_only_what_is_in_flight_and_says_so(qwen3):
     rest = list(run.batches())
     ids = [t.metadata["episode"] for t in first + [t for b in rest for t in b]]
     assert len(ids) == len(set(ids)) == run.stats.episodes and run.stats.dropped == 0
+
+
+def test_a_trainer_that_never_updates_is_told_instead_of_waiting_forever(qwen3):
+    """The bound counts updates: with none, K + 1 batches start, and the next pull names the fix."""
+    with AsyncRollout(lambda: ReplayEnv(qwen3, max_turns=1), scripted(qwen3), batch_size=2, max_staleness=1,
+                      episodes=10, concurrency=4) as run:
+        taken = run.next_batch() + run.next_batch(timeout=30)
+        with pytest.raises(StalenessStall, match="call update_weights between batches"):
+            run.next_batch(timeout=30)
+        run.update_weights(None)  # a version bump lets the next batch start
+        taken += run.next_batch(timeout=30)
+    assert len({t.metadata["episode"] for t in taken}) == 6
 
 
 def test_bad_arguments_are_refused_by_name(qwen3):

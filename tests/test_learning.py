@@ -208,3 +208,42 @@ def test_multi_turn_episodes_train_on_every_turn_and_stay_on_policy(tiny, qwen3)
     assert all(it.updated for it in run.iterations)
     assert max(it.logprob_diff for it in run.iterations) < 1e-4
     assert "turns" in run.summary()
+
+
+# ------------------------------------------------------------------ the asynchronous loop
+@pytest.mark.parametrize("on_update", ["continue", "finish"])
+def test_the_async_loop_trains_on_stale_rows_and_is_exact_on_fresh_ones(tiny, qwen3, on_update):
+    """Generation runs on a copy while the model trains: the copy takes every step's weights, the
+    batches' rows say how stale they are, and the tokens the trained weights sampled are scored
+    back to float noise (the law per version, in the loop)."""
+    before = tiny.get_output_embeddings().weight.detach().clone()
+    c = small(iterations=4, max_staleness=1, on_update=on_update)
+    run = train_grpo(tiny, qwen3, lambda: FirstTokenParity(AdditionEnv(qwen3)), c, metrics=grade_metrics)
+    assert [it.iteration for it in run.iterations] == [0, 1, 2, 3]
+    assert all(len(it.staleness) == 8 for it in run.iterations)
+    assert all(max(it.staleness) <= 1 + 1 for it in run.iterations)  # K, plus an episode that ended a batch late
+    stats = run.rollout_stats
+    assert stats["updates"] == 4 and stats["episodes"] == 4 * 8 and stats["batches"] == 4
+    hist = run.staleness_histogram()
+    assert sum(hist.values()) == 32 and hist == {int(k): v for k, v in sorted(stats["staleness"].items())}
+    assert hist.get(1, 0) + hist.get(2, 0) > 0, "the second batch started before the first update: it is stale"
+    fresh = [it.logprob_diff for it in run.iterations if not math.isnan(it.logprob_diff)]
+    assert fresh and max(fresh) < 1e-4
+    assert any(it.stale_logprob_diff > 1e-3 for it in run.iterations)  # lr 1e-3 moved the weights
+    assert not torch.equal(before, tiny.get_output_embeddings().weight)
+    assert run.seconds > sum(e.seconds for e in run.evals) > 0
+
+
+def test_a_synchronous_run_has_no_staleness(tiny, qwen3):
+    run = train_grpo(tiny, qwen3, lambda: FirstTokenParity(AdditionEnv(qwen3)), small(iterations=1))
+    assert run.iterations[0].staleness == () and math.isnan(run.iterations[0].stale_logprob_diff)
+    assert run.staleness_histogram() == {0: 8} and run.rollout_stats == {}
+
+
+def test_what_the_async_config_refuses():
+    with pytest.raises(ValueError, match="max_staleness"):
+        GRPOConfig(max_staleness=-1)
+    with pytest.raises(ValueError, match="max_staleness"):
+        GRPOConfig(max_staleness=True)
+    with pytest.raises(ValueError, match="on_update"):
+        GRPOConfig(max_staleness=1, on_update="later")

@@ -45,11 +45,16 @@ from .step_pool import Deadlines
 from ..trajectory import Trajectory
 from ..wrapper import RecordEpisodes
 
-__all__ = ["AsyncRollout", "AsyncRolloutStats", "RunClosed"]
+__all__ = ["AsyncRollout", "AsyncRolloutStats", "RunClosed", "StalenessStall"]
 
 
 class RunClosed(RuntimeError):
     """The run was closed: it has no more episodes to hand out."""
+
+
+class StalenessStall(RuntimeError):
+    """:meth:`AsyncRollout.next_batch` would wait forever: every episode the staleness bound lets
+    start has ended and been taken, and no update came to let more start."""
 
 
 @dataclass
@@ -193,6 +198,7 @@ class AsyncRollout:
                     raise self._error
                 if self._ended:
                     break
+                self._check_stall(want - sum(len(g) for g in taken))
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(
@@ -212,6 +218,19 @@ class AsyncRollout:
             if taken:
                 self.stats.batches += 1
         return rows
+
+    def _check_stall(self, missing: int) -> None:
+        """Raise :class:`StalenessStall` when nothing in flight can end and nothing may start."""
+        ended = self.stats.episodes + self.stats.failed + self.stats.dropped
+        bound = (self.max_staleness + 1 + self.stats.updates) * self.batch_size
+        more = self._episodes is None or self._started < self._episodes
+        if self._started == ended and self._started >= bound and more and not self._groups:
+            raise StalenessStall(
+                f"waiting for {missing} more episodes, but all {self._started} that max_staleness="
+                f"{self.max_staleness} lets start ({self.max_staleness + 1} batches of {self.batch_size} + one per "
+                f"update, {self.stats.updates} updates so far) have ended and been taken: call update_weights "
+                "between batches (a version bump with the same weights is enough), or raise max_staleness"
+            )
 
     def batches(self) -> Iterator[list[Trajectory]]:
         """:meth:`next_batch` until the run has nothing more to hand out."""
@@ -322,17 +341,16 @@ class AsyncRollout:
             def finished(self, stats: Any) -> None: ...
 
         def on_outcome(task: EpisodeTask, outcome: Outcome) -> None:
-            if isinstance(outcome, EpisodeError):
-                with self._cv:
+            with self._cv:  # one hold: next_batch never sees an episode counted as ended but not handed on
+                if isinstance(outcome, EpisodeError):
                     self.stats.failed += 1
                     self.stats.errors.append(outcome)
                     self._start_update.pop(task.episode, None)
-                self._ended_episode(task, None)
-                return
-            with self._cv:
+                    self._ended_episode(task, None)
+                    return
                 record_finished(self.stats, outcome, self._done, self._on_episode, _Bar())
                 self._done.clear()  # the batches hand them out; nothing is kept twice
-            self._ended_episode(task, outcome)
+                self._ended_episode(task, outcome)
 
         def started(stop: Callable[[], None]) -> None:
             self._stop = stop

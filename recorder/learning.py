@@ -141,6 +141,8 @@ class IterationLog:
     stale_logprob_diff: float = float("nan")
     """Asynchronous runs: max ``|recomputed - rollout|`` over tokens older weights sampled: how
     far off-policy the batch was (the clipped importance ratio corrects for it)."""
+    spanning: int = 0
+    """Rows whose policy tokens more than one weight version sampled (``on_update="continue"``)."""
 
 
 @dataclass(frozen=True)
@@ -369,7 +371,7 @@ def train_grpo(
             float(parts.loss.detach()), parts.kl, parts.clip_fraction, diff,
             waited, time.perf_counter() - start, float(np.mean([t.num_turns for t in trajs])),
             tuple(int(t.metadata.get("staleness", 0)) for t in trajs) if c.max_staleness is not None else (),
-            stale_diff,
+            stale_diff, sum(1 for t in trajs if t.has_versions and t.version_changes()),
         )
         run.iterations.append(log)
         if on_iteration is not None:
@@ -402,6 +404,7 @@ def _train_async(
     from .drivers.async_rollout import AsyncRollout
 
     n = c.tasks_per_iteration * c.group_size
+    evaluate(0)  # before the stream starts: no episode of the first batch is sampled during it
     sampler = HFPolicy(copy.deepcopy(model).requires_grad_(False), tokenizer, device=device, on_update=c.on_update)
     with AsyncRollout(
         make_env, sampler, batch_size=n, max_staleness=c.max_staleness, on_update=c.on_update,
@@ -410,7 +413,7 @@ def _train_async(
     ) as stream:
         try:
             for it in range(c.iterations):
-                if it % c.eval_every == 0:
+                if it and it % c.eval_every == 0:  # the stream samples on meanwhile
                     evaluate(it)
                 start = time.perf_counter()
                 trajs = stream.next_batch()

@@ -191,6 +191,27 @@ def gpu_claim() -> str:
     )
 
 
+def async_claim() -> str:
+    """The sentence on asynchronous GRPO (README and docs/async.md), from ``benchmarks/async_rl.py --json``'s stored run."""
+    d = json.loads((RESULTS / "async_rl.json").read_text(encoding="utf-8"))
+    sync, run = d["runs"]["sync"], d["runs"]["async"]
+    words = {0: "no update", 1: "one", 2: "two", 3: "three"}
+    missed = ", ".join(f"{n} missed {words.get(int(k), k)}" for k, n in run["staleness"].items())
+    return (
+        f"On {d['cpus']} CPU cores, {d['iterations']} GRPO iterations of {d['episodes_per_update']} SmolLM2 episodes "
+        f"each way from the same weights, the asynchronous loop (`max_staleness={d['max_staleness']}`, "
+        f"`on_update=\"{d['on_update']}\"`) took {run['loop_s']:.0f} s against {sync['loop_s']:.0f} s synchronously "
+        f"({d['sync_over_async']:.2f}x; the sampler and the trainer share the cores), training reward "
+        f"{run['reward_first']:.2f} -> {run['reward_last']:.2f} against {sync['reward_first']:.2f} -> "
+        f"{sync['reward_last']:.2f} (first 3 -> last 3 iterations) and held-out accuracy {run['held_out_before']:.2f} "
+        f"-> {run['held_out_after']:.2f} against {sync['held_out_before']:.2f} -> {sync['held_out_after']:.2f}; "
+        f"of its {sum(run['staleness'].values())} trained-on episodes {missed}, "
+        f"{run['rows_spanning_versions']} rows span two versions, and the tokens the trained weights sampled were "
+        f"scored back to within {run['fresh_logprob_diff']:.1e} "
+        f"(`python benchmarks/async_rl.py --json benchmarks/results/async_rl.json`)."
+    )
+
+
 def kills_claim() -> str:
     """docs/sandboxes.md's sentence on what killed runs leave, from ``benchmarks/sandbox_kills.py --json``."""
     runs = json.loads((RESULTS / "sandbox_kills.json").read_text(encoding="utf-8"))
@@ -210,10 +231,16 @@ def test_the_sandbox_docs_quote_the_stored_kill_run():
     assert expected in doc, f"docs/sandboxes.md should say (from the stored output):\n{expected}"
 
 
+def test_the_async_docs_quote_the_stored_run():
+    expected = async_claim()
+    doc = re.sub(r"\s+", " ", (ROOT / "docs" / "async.md").read_text(encoding="utf-8"))
+    assert expected in doc, f"docs/async.md should say (from the stored output):\n{expected}"
+
+
 @pytest.mark.parametrize(
     "claim",
     [learn_claim, observation_claim, scale_claim, pool_claim, collate_claim, gpu_claim, learning_claim,
-     tool_learning_claim],
+     tool_learning_claim, async_claim],
     ids=lambda f: f.__name__,
 )
 def test_the_readme_quotes_the_stored_run(claim):

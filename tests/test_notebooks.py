@@ -24,15 +24,18 @@ from needs import SMOLLM2_MISSING, needs
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
-SHORT_MODE = {"learn.ipynb": {"TOKENGYM_LEARN_ITERATIONS": "2"}}
-SLOW_CELL_TIMEOUT_S = {"learn.ipynb": 1200}  # model loading and two training iterations of a 135M model
+SHORT_MODE = {"learn.ipynb": {"TOKENGYM_LEARN_ITERATIONS": "2"}, "async_rl.ipynb": {"TOKENGYM_ASYNC_ITERATIONS": "2"}}
+SLOW_CELL_TIMEOUT_S = {"learn.ipynb": 1200, "async_rl.ipynb": 1200}  # model loading and two training iterations of a 135M model
+NEEDS_SMOLLM2 = {"learn.ipynb", "async_rl.ipynb"}
 SHOWS_TOKENS = {"quickstart.ipynb", "new_tool_env.ipynb"}  # coloured token views (text/html)
 MAX_OUTPUT_BYTES = 200_000  # one output (a plot is a few tens of KiB)
 MAX_NOTEBOOK_BYTES = 512_000
 
 
 def test_the_notebooks_are_there():
-    assert {"quickstart.ipynb", "new_tool_env.ipynb", "rl_step.ipynb", "learn.ipynb", "images.ipynb"} <= {p.name for p in PATHS}
+    assert {"quickstart.ipynb", "new_tool_env.ipynb", "rl_step.ipynb", "learn.ipynb", "images.ipynb", "async_rl.ipynb"} <= {
+        p.name for p in PATHS
+    }
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
@@ -75,6 +78,19 @@ def test_stored_outputs_are_small_and_show_nothing_of_the_machine(path: Path):
     for i, cell in enumerate(nb["cells"]):
         for out in cell.get("outputs", []):
             assert len(json.dumps(out)) < MAX_OUTPUT_BYTES, f"{path.name} cell {i}: an output of {len(json.dumps(out))} bytes"
+
+
+def test_the_async_docs_code_is_the_notebooks():
+    """docs/async.md's examples are cells of async_rl.ipynb, which the suite runs: they cannot rot."""
+    import re
+
+    doc = (NOTEBOOKS.parent / "docs" / "async.md").read_text(encoding="utf-8")
+    blocks = [b.strip() for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S)]
+    nb = json.loads((NOTEBOOKS / "async_rl.ipynb").read_text(encoding="utf-8"))
+    source = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert blocks, "docs/async.md has no python example"
+    missing = [b.splitlines()[0] for b in blocks if b not in source]
+    assert not missing, f"docs/async.md examples that async_rl.ipynb does not run: {missing}"
 
 
 def test_the_scan_finds_machine_paths_and_names():
@@ -123,7 +139,7 @@ def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
 def test_notebook_runs(path: Path, kernel_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    if path.name == "learn.ipynb":
+    if path.name in NEEDS_SMOLLM2:
         needs("SMOLLM2", SMOLLM2_MISSING)
     for name, value in SHORT_MODE.get(path.name, {}).items():
         monkeypatch.setenv(name, value)  # the kernel inherits this process's environment

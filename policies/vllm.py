@@ -31,6 +31,7 @@ import os
 import threading
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -182,15 +183,7 @@ class VLLMPolicy:
             if "llm" not in self.__dict__:
                 raise PolicyClosed(f"{self.name} was closed: it takes no more weight updates")
             new = next_version(self.version, version)
-            state = load_weights(weights) if isinstance(weights, (str, os.PathLike)) else weights
-            if not hasattr(state, "items"):
-                raise TypeError(f"weights must be a state dict or a path, got {type(weights).__name__}")
-            tied = bool(getattr(self.llm.model_config.hf_config, "tie_word_embeddings", False))
-            _check_checkpoint_names(state, self.llm.model_config.model, tied)
-            items = [(str(k), v.detach().cpu()) for k, v in state.items()]
-            if tied and "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
-                # vLLM's in-place reload fills its LM head from this name only (save_pretrained leaves the alias out)
-                items.append(("lm_head.weight", state["model.embed_tokens.weight"].detach().cpu()))
+            items = _checked_items(weights, self.llm.model_config)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
             self.llm.reset_prefix_cache()
             self.version = new
@@ -229,12 +222,25 @@ class VLLMPolicy:
         self.close()
 
 
+def _checked_items(weights: Any, model_config: Any) -> list[tuple[str, Any]]:
+    """``weights`` (a state dict, or a folder or file of one) as the ``(name, tensor)`` list vLLM's
+    in-place ``reload_weights`` takes, checked against the engine's checkpoint first."""
+    state = load_weights(weights) if isinstance(weights, (str, os.PathLike)) else weights
+    if not hasattr(state, "items"):
+        raise TypeError(f"weights must be a state dict or a path, got {type(weights).__name__}")
+    tied = bool(getattr(model_config.hf_config, "tie_word_embeddings", False))
+    _check_checkpoint_names(state, model_config.model, tied)
+    items = [(str(k), v.detach().cpu()) for k, v in state.items()]
+    if tied and "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+        # vLLM's in-place reload fills its LM head from this name only (save_pretrained leaves the alias out)
+        items.append(("lm_head.weight", state["model.embed_tokens.weight"].detach().cpu()))
+    return items
+
+
 def _check_checkpoint_names(state: Any, model: str, tied: bool) -> None:
     """Refuse weights whose names or shapes are not those of the checkpoint in ``model`` (a folder
     of safetensors files; another kind of source is not checked). A tied alias (``lm_head.weight``
     of a model with tied embeddings, as a trainer's ``state_dict()`` has it) is not unknown."""
-    from pathlib import Path
-
     files = sorted(Path(model).glob("*.safetensors")) if Path(model).is_dir() else []
     if not files:
         return
@@ -259,6 +265,17 @@ def _check_checkpoint_names(state: Any, model: str, tied: bool) -> None:
         )
 
 
+def _async_mode(mode: Any) -> OnUpdate:
+    checked = check_on_update(mode)
+    if checked == "continue":
+        raise ValueError(
+            "on_update='continue': vLLM keeps a request's KV cache across an in-place weight reload, so the tokens "
+            "after an update would not be the new weights' own; AsyncVLLMPolicy takes 'finish' and 'restart', "
+            "HFPolicy takes 'continue'"
+        )
+    return checked
+
+
 class AsyncVLLMPolicy:
     """Generates with vLLM's async engine: requests run concurrently as they arrive.
 
@@ -268,18 +285,35 @@ class AsyncVLLMPolicy:
     core process.
 
     Args: as for :class:`VLLMPolicy`; ``engine_kwargs`` go to ``vllm.AsyncEngineArgs``.
+        ``on_update``: what requests under way do at :meth:`update_weights` (``"finish"``,
+        the default, or ``"restart"``).
+
+    ``version`` is the weight version it samples with (0 until :meth:`update_weights`), stamped on
+    every token it returns: a request samples all its tokens with the version it was sent with.
     """
 
     continuous_batching = True
 
-    def __init__(self, model: str, *, logprobs_mode: str = "raw_logprobs", **engine_kwargs: Any) -> None:
+    def __init__(
+        self, model: str, *, logprobs_mode: str = "raw_logprobs", on_update: OnUpdate = "finish", **engine_kwargs: Any
+    ) -> None:
         kwargs = _engine_kwargs(logprobs_mode, engine_kwargs)
         kwargs.setdefault("disable_log_stats", True)
         self.name = f"vllm-async:{model}"
+        self.on_update = _async_mode(on_update)
+        self.version = 0
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]
         import asyncio
 
+        # All three are used on the engine's loop only: no lock needed between requests and an update.
+        self._open = asyncio.Event()  # cleared while an update goes in: new requests wait
+        self._open.set()
+        self._inflight: dict[str, int] = {}  # request id -> the version it samples with
+        self._restart: set[str] = set()  # requests an update aborted: sent again on the new weights
+        self._idle = asyncio.Event()  # set while nothing is in flight
+        self._idle.set()
+        self._updating = asyncio.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tokengym-vllm-async", daemon=True)
         self._thread.start()
@@ -309,13 +343,79 @@ class AsyncVLLMPolicy:
         from vllm import TokensPrompt
 
         vp = to_vllm_sampling(sp, min(sp.max_tokens, self.max_model_len - len(context)), final_only=True)
-        final = None
-        request_id = f"tokengym-{self._prefix}-{next(self._ids)}"
-        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=context), vp, request_id):
-            final = out
-        if final is None or not final.finished:
-            raise RuntimeError(f"vLLM request {request_id} ended without a final output")
-        return _generation(final, self.logprob_kind, len(context))
+        while True:
+            await self._open.wait()  # an update going in holds new requests back
+            engine = self.__dict__.get("engine")
+            if engine is None:
+                raise PolicyClosed(f"{self.name} was closed: it takes no more requests")
+            final = None
+            request_id = f"tokengym-{self._prefix}-{next(self._ids)}"
+            version = self._inflight[request_id] = self.version
+            self._idle.clear()
+            try:
+                async for out in engine.generate(TokensPrompt(prompt_token_ids=context), vp, request_id):
+                    final = out
+            finally:
+                del self._inflight[request_id]
+                if not self._inflight:
+                    self._idle.set()
+            if request_id in self._restart:  # an update dropped it: the turn again, on the new weights
+                self._restart.discard(request_id)
+                continue
+            if final is None or not final.finished:
+                raise RuntimeError(f"vLLM request {request_id} ended without a final output")
+            return _generation(final, self.logprob_kind, len(context)).with_version(version)
+
+    def update_weights(self, weights: Any, version: int | None = None, *, on_update: OnUpdate | None = None) -> int:
+        """Put ``weights`` in (a state dict in the checkpoint's names, or a folder or file of them)
+        through vLLM's in-place reload on every worker, then drop the prefix cache; returns the
+        version now in place.
+
+        New requests wait while it goes in. Requests under way: ``"finish"`` lets them end on the
+        old weights first; ``"restart"`` aborts them and sends each again once the new weights are
+        in, with the same seed (as if it had started after the update; its old tokens are never
+        returned). ``"continue"`` is refused: vLLM's engine keeps a request's KV cache across an
+        in-place reload, so its later tokens would not be the new weights' own
+        (:class:`~tokengym.policies.HFPolicy` rebuilds it). Checked first: a
+        :class:`~tokengym.policies.versions.WeightsMismatch` or a version that does not grow
+        changes nothing. Call it from any thread but the engine's loop. The weights reach the
+        engine core's process as a safetensors file in a temporary folder (``reload_weights``'s
+        ``weights_path``: the workers' model path then names that folder, gone once loaded).
+        """
+        mode = _async_mode(self.on_update if on_update is None else on_update)
+        engine = self.__dict__.get("engine")
+        if engine is None:
+            raise PolicyClosed(f"{self.name} was closed: it takes no more weight updates")
+        items = _checked_items(weights, engine.model_config)
+        import tempfile
+
+        from safetensors.torch import save_file
+
+        # The engine core runs in another process, and vLLM's RPC does not carry tensors in a list:
+        # the weights go by a file (the tied LM head's alias written too, cloned: vLLM fills its head from it).
+        with tempfile.TemporaryDirectory(prefix="tokengym-weights-") as folder:
+            save_file({k: v.contiguous().clone() for k, v in items}, str(Path(folder) / "model.safetensors"))
+            return self._call(self._update(engine, folder, version, mode))
+
+    async def _update(self, engine: Any, folder: str, version: int | None, mode: OnUpdate) -> int:
+        async with self._updating:
+            new = next_version(self.version, version)
+            self._open.clear()
+            try:
+                if mode == "restart" and self._inflight:
+                    self._restart.update(self._inflight)
+                    await engine.abort(list(self._inflight))
+                await self._idle.wait()  # "finish": they end on the old weights; "restart": they were aborted
+                await engine.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+                self.version = new  # the weights are in
+                if not await engine.reset_prefix_cache():
+                    raise RuntimeError(
+                        f"vLLM did not drop its prefix cache after the update to version {new}: cached KV of the old "
+                        "weights could be reused; nothing was in flight, so this is vLLM's refusal, not a race"
+                    )
+            finally:
+                self._open.set()
+            return new
 
     async def _batch(self, contexts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         import asyncio

@@ -367,3 +367,99 @@ def test_weight_updates_go_in_between_calls_and_every_token_says_its_version(tin
     again = policy.generate([[1, 2, 3]], sp)[0]
     assert again.token_ids.tolist() == before.token_ids.tolist() and again.versions.tolist() == [new + 5] * 6
     np.testing.assert_allclose(again.logprobs, before.logprobs, atol=1e-5)
+
+
+def test_the_async_engine_takes_weight_updates_while_requests_are_under_way(tiny_dir, policy, qwen3):
+    """AsyncVLLMPolicy.update_weights with requests in flight: "finish" lets them end on the old
+    weights (the tokens the old weights give for their seeds), "restart" sends them again on the
+    new ones (the tokens the new weights give for their seeds); a request made during an update
+    waits for it; every token says its version; bad updates change nothing."""
+    import concurrent.futures
+    import copy
+    import time
+
+    from tokengym.policies.versions import PolicyClosed, VersionWentBackwards, WeightsMismatch
+
+    model = tiny_dir[1]
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    trained = copy.deepcopy(model)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    contexts = [[1, 2, 3], [7, 8, 9, 10], list(range(300, 340))]
+    params = [SamplingParams(max_tokens=400, seed=s) for s in (1, 2, 3)]
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+
+    def while_in_flight(apolicy, update):
+        """Send the requests, update once all three are under way, and return their generations."""
+        running = pool.submit(apolicy.generate, contexts, params)
+        deadline = time.monotonic() + 60
+        while len(apolicy._inflight) < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(apolicy._inflight) == 3 and not running.done(), "the requests ended before the update"
+        update()
+        return running.result(timeout=300)
+
+    def tokens(gens):
+        return [g.token_ids.tolist() for g in gens]
+
+    with AsyncVLLMPolicy(str(tiny_dir[0]), **ENGINE) as apolicy:
+        assert apolicy.version == 0 and apolicy.on_update == "finish"
+        old = apolicy.generate(contexts, params)
+        assert all(g.versions.tolist() == [0] * len(g.token_ids) for g in old)
+
+        finished = while_in_flight(apolicy, lambda: apolicy.update_weights(trained.state_dict()))
+        assert apolicy.version == 1
+        assert tokens(finished) == tokens(old) and all(set(g.versions.tolist()) == {0} for g in finished)
+        new = apolicy.generate(contexts, params)
+        assert tokens(new) != tokens(old) and all(set(g.versions.tolist()) == {1} for g in new)
+
+        # Back to the original weights with "restart": the requests under way come back as the original
+        # weights sample them from the start, stamped with the new version.
+        restarted = while_in_flight(apolicy, lambda: apolicy.update_weights(original, on_update="restart"))
+        assert apolicy.version == 2
+        assert tokens(restarted) == tokens(old) and all(set(g.versions.tolist()) == {2} for g in restarted)
+        for g, o in zip(restarted, old):
+            np.testing.assert_allclose(g.logprobs, o.logprobs, atol=1e-5)
+
+        # A request made while an update goes in waits for it and samples with the new version.
+        apolicy._open.clear()  # as an update does first
+        waiting = pool.submit(apolicy.generate, contexts[:1], params[:1])
+        time.sleep(0.3)
+        assert not waiting.done()
+        updating = pool.submit(apolicy.update_weights, original)
+        assert waiting.result(timeout=120)[0].versions.tolist()[0] == 3 == updating.result(timeout=120)
+
+        # An AsyncRollout on the async engine, the weights swapped between batches under "restart":
+        # every policy token is its own version's weights' (the law per version, recomputed).
+        from tokengym.recorder import AsyncRollout
+
+        sampled_by = {3: model}
+        with AsyncRollout(lambda: VaryingReplay(qwen3), apolicy, batch_size=4, max_staleness=1, on_update="restart",
+                          episodes=12, concurrency=8, sampling=SamplingParams(max_tokens=6, temperature=1.0)) as stream:
+            rows = []
+            for k, batch in enumerate(stream.batches()):
+                rows += batch
+                weights = trained if k % 2 == 0 else model
+                sampled_by[stream.update_weights(weights.state_dict())] = weights
+        assert len(rows) == 12 and stream.stats.failed == 0 and all(t.has_versions for t in rows)
+        layout = to_verl(rows)
+        versions = layout.tensors["rollout_versions"][layout.tensors["response_mask"].bool()]
+        assert len(set(versions.tolist())) >= 2
+        for v, weights in sampled_by.items():
+            recomputed, recorded = recompute_logprobs(weights, layout)
+            if bool((versions == v).any()):
+                assert torch.max(torch.abs(recomputed - recorded)[versions == v]).item() < 1e-3, f"version {v}"
+        version = apolicy.version
+
+        with pytest.raises(WeightsMismatch, match="unknown names"):
+            apolicy.update_weights({**original, "model.extra.weight": torch.zeros(2)})
+        with pytest.raises(VersionWentBackwards):
+            apolicy.update_weights(original, version=version)
+        with pytest.raises(ValueError, match="on_update='continue'"):
+            apolicy.update_weights(original, on_update="continue")
+        assert apolicy.version == version
+    with pytest.raises(PolicyClosed):
+        apolicy.update_weights(original)
+    pool.shutdown()

@@ -85,7 +85,7 @@ class AsyncRollout:
     Args:
         make_env: a factory of tokengym envs, or a registered id (made with ``env_kwargs``).
         policy: a policy with versions (``update_weights`` and ``version``: HFPolicy, VLLMPolicy,
-            ScriptedPolicy), or a zero-argument factory of one.
+            AsyncVLLMPolicy, ScriptedPolicy), or a zero-argument factory of one.
         batch_size: episodes per batch (:meth:`next_batch`); a multiple of ``group_size``. A
             batch holds whole GRPO groups: a group is handed out once all its episodes ended.
         max_staleness: K; no episode starts more than K updates ahead of the batches taken (see
@@ -139,7 +139,7 @@ class AsyncRollout:
                 self.policy.close()
             raise TypeError(
                 f"{type(self.policy).__name__} has no weight versions (update_weights and version): an asynchronous "
-                "run needs one (HFPolicy, VLLMPolicy, ScriptedPolicy); for a fixed policy use rollout()"
+                "run needs one (HFPolicy, VLLMPolicy, AsyncVLLMPolicy, ScriptedPolicy); for a fixed policy use rollout()"
             )
         self.batch_size, self.max_staleness, self.group_size = batch_size, max_staleness, group_size
         self.sampling = sampling or SamplingParams()

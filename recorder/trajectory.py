@@ -110,7 +110,9 @@ class Trajectory:
     @cached_property
     def offsets(self) -> np.ndarray:
         """Start offset of each segment in ``token_ids`` (and the total length last)."""
-        return np.concatenate([[0], np.cumsum([len(s) for s in self.segments])]).astype(np.int64)
+        out = np.zeros(len(self.segments) + 1, dtype=np.int64)
+        np.cumsum([len(s.token_ids) for s in self.segments], out=out[1:])
+        return out
 
     @property
     def action_spans(self) -> list[tuple[int, int]]:
@@ -126,7 +128,9 @@ class Trajectory:
     @cached_property
     def mask(self) -> np.ndarray:
         """1 on policy tokens, 0 elsewhere (int8)."""
-        return np.concatenate([s.mask for s in self.segments])
+        segs = self.segments
+        policy = np.fromiter((s.kind is SegmentKind.ACTION for s in segs), np.int8, len(segs))
+        return np.repeat(policy, np.diff(self.offsets))
 
     @cached_property
     def logprobs(self) -> np.ndarray:
@@ -141,11 +145,11 @@ class Trajectory:
     def versions(self) -> np.ndarray:
         """The weight version that sampled each token (int32): -1 on mask-0 tokens and on policy
         tokens whose policy did not say (:attr:`has_versions`)."""
-        parts = [
-            s.versions if s.versions is not None else np.full(len(s), -1, dtype=np.int32)
-            for s in self.segments
-        ]
-        return np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
+        out = np.full(int(self.offsets[-1]), -1, dtype=np.int32)
+        for s, start in zip(self.segments, self.offsets):
+            if s.versions is not None:
+                out[start : start + len(s)] = s.versions
+        return out
 
     @property
     def has_versions(self) -> bool:

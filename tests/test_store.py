@@ -41,6 +41,7 @@ from tokengym.recorder.store import (
     tokenizer_fingerprint,
 )
 from needs import missing
+from tokengym.recorder.store import rows as store_rows
 
 
 def play(env, seed, logprobs="all"):
@@ -332,6 +333,68 @@ def test_reader_checks_rows_against_their_segments(episodes25, qwen25, tmp_path)
     table = table.set_column(table.schema.get_field_index("mask"), "mask", pa.array(mask, pa.list_(pa.int8())))
     pq.write_table(table, shard)
     with pytest.raises(CorruptShardError, match=r"part-00000.parquet: row 0: mask disagrees with the prompt segment"):
+        list(read_trajectories(tmp_path))
+
+
+def _stamped(qwen25, seed: int, versions: bool) -> Trajectory:
+    """A two-turn episode with logprobs, and weight versions on its actions when ``versions``."""
+    env = RecordEpisodes(ReplayEnv(qwen25, max_turns=2))
+    env.reset(seed=seed)
+    done, turn, info = False, 0, {}
+    while not done:
+        action = env.unwrapped.reference_action()
+        stamp = np.full(len(action), turn, np.int32) if versions else None
+        _, _, term, trunc, info = env.step(action, logprobs=-np.ones(len(action), np.float32), versions=stamp)
+        done, turn = term or trunc, turn + 1
+    return info["trajectory"]
+
+
+def test_a_batch_of_rows_with_and_without_versions_reads_back_exactly(qwen25, tmp_path, monkeypatch):
+    """Rows with and without versions in one shard (what an older log's rows beside new ones give)
+    take the row-by-row path; rows all alike the batch path: both give the trajectories back."""
+    mixed = [_stamped(qwen25, s, versions=s % 2 == 0) for s in range(5)] + [play(RecordEpisodes(ReplayEnv(qwen25)), 9, "some")]
+    alike = [_stamped(qwen25, s, versions=True) for s in range(5)]
+    for name, trajs in (("mixed", mixed), ("alike", alike)):
+        with TrajectoryWriter(tmp_path / name, tokenizer=qwen25) as w:
+            for t in trajs:
+                w.write(t)
+        slow = []
+        monkeypatch.setattr(store_rows, "_decode_row", lambda *a, _real=store_rows._decode_row: slow.append(1) or _real(*a))
+        back = list(read_trajectories(tmp_path / name))
+        monkeypatch.undo()
+        assert len(back) == len(trajs) and len(slow) == (len(trajs) if name == "mixed" else 0)
+        for a, b in zip(trajs, back):
+            assert_same(a, b)
+            assert a.versions.tolist() == b.versions.tolist() and a.has_versions == b.has_versions
+            assert all(not s.token_ids.flags.writeable for s in b.segments)
+
+
+@pytest.mark.parametrize(
+    "column, damage, message",
+    [
+        ("logprobs", lambda row, first: row.__setitem__(0, -1.0), "prompt segment .* carries logprobs"),
+        ("versions", lambda row, first: row.__setitem__(0, 3), "prompt segment .* carries weight versions"),
+        ("logprobs", lambda row, first: row.__setitem__(first, None), "has logprobs for some tokens only"),
+        ("versions", lambda row, first: row.__setitem__(first, -1), "has weight versions for some tokens only"),
+        ("mask", lambda row, first: row.__setitem__(first, 2), "mask disagrees with the action segment"),
+    ],
+    ids=["logprob on a prompt token", "version on a prompt token", "part of an action's logprobs",
+         "part of an action's versions", "a mask value of 2"],
+)
+def test_a_damaged_row_among_good_ones_is_named(qwen25, tmp_path, column, damage, message):
+    """The batch check sees that something is wrong; the row-by-row check then names the row and what."""
+    trajs = [_stamped(qwen25, s, versions=True) for s in range(5)]
+    with TrajectoryWriter(tmp_path, tokenizer=qwen25) as w:
+        for t in trajs:
+            w.write(t)
+    shard = tmp_path / "part-00000.parquet"
+    table = pq.read_table(shard)
+    values = table.column(column).to_pylist()
+    damage(values[3], trajs[3].action_spans[0][0])
+    field = table.schema.field(column)
+    table = table.set_column(table.schema.get_field_index(column), field, pa.array(values, field.type))
+    pq.write_table(table, shard)
+    with pytest.raises(CorruptShardError, match=rf"part-00000.parquet: row 3: .*{message}"):
         list(read_trajectories(tmp_path))
 
 

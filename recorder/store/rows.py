@@ -36,16 +36,20 @@ def _json(value: Any, what: str) -> str:
             return os.fspath(o)
         raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
-    depth = _depth(value, MAX_JSON_DEPTH)
-    if depth > MAX_JSON_DEPTH:
-        raise ValueError(
-            f"the trajectory's {what} is nested more than {MAX_JSON_DEPTH} levels deep and cannot be stored: "
-            "flatten it (a reader could not load it back)"
-        )
     try:
-        return json.dumps(value, default=default, ensure_ascii=False)
+        text: str | None = json.dumps(value, default=default, ensure_ascii=False)
+    except RecursionError:  # nested past Python's own limit: the depth check below says so
+        text = None
     except (TypeError, ValueError) as err:
         raise ValueError(f"the trajectory's {what} cannot be stored as JSON: {err}") from err
+    # A text with at most MAX_JSON_DEPTH brackets cannot nest deeper: the walk is needed only past that.
+    if text is None or text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+        if text is None or _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+            raise ValueError(
+                f"the trajectory's {what} is nested more than {MAX_JSON_DEPTH} levels deep and cannot be stored: "
+                "flatten it (a reader could not load it back)"
+            )
+    return text
 
 
 MAX_JSON_DEPTH = 100
@@ -179,6 +183,10 @@ def decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Traj
     v_all = v_arr.to_numpy(zero_copy_only=False)
     v_null = batch.column("versions").is_null().to_numpy(zero_copy_only=False)
     rows = batch.drop_columns(["token_ids", "mask", "logprobs", "versions"]).to_pylist()
+    if _batch_agrees(rows, ids_off, mask_off, lp_off, v_off, mask_all, lp_given, v_all, v_null):
+        yield from _decode_agreed(rows, path, first, ids_all, ids_off, lp_all, lp_given, v_all, v_null)
+        return
+    # Something disagrees: row by row, segment by segment, to name the row and what is wrong.
     for r, row in enumerate(rows):
         where = f"{path}: row {first + r}"
         if row["schema_version"] not in READABLE_VERSIONS:
@@ -201,6 +209,123 @@ def decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Traj
             raise CorruptShardError(f"{where}: {err}") from None
         except ValueError as err:  # the Trajectory / Segment checks
             raise CorruptShardError(f"{where}: not a valid trajectory ({err})") from err
+
+
+_KINDS = {k.value: k for k in SegmentKind}
+
+
+def _all_or_none(flags: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Per segment: its tokens' flags are all set or none (an empty segment: both)."""
+    counts = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
+    n = counts[starts + lens] - counts[starts]
+    return (n == 0) | (n == lens)
+
+
+def _batch_agrees(
+    rows: list[dict[str, Any]], ids_off: np.ndarray, mask_off: np.ndarray, lp_off: np.ndarray, v_off: np.ndarray,
+    mask_all: np.ndarray, lp_given: np.ndarray, v_all: np.ndarray, v_null: np.ndarray,
+) -> bool:
+    """Whether every row of the batch agrees with its segments, checked for the whole batch at once
+    (the segments cover the tokens, the mask is 1 exactly on actions, logprobs and weight versions
+    on whole actions only). False: the row-by-row check runs and names what is wrong."""
+    if not (np.array_equal(ids_off, mask_off) and np.array_equal(ids_off, lp_off)):
+        return False
+    starts: list[int] = []
+    lens: list[int] = []
+    action: list[bool] = []
+    for r, row in enumerate(rows):
+        base, n, pos = int(ids_off[r]), int(ids_off[r + 1] - ids_off[r]), 0
+        for s in row["segments"] or ():
+            start, end, kind = s["start"], s["end"], s["kind"]
+            if start != pos or end < start or end > n or kind not in _KINDS:
+                return False
+            starts.append(base + start)
+            lens.append(end - start)
+            action.append(kind == "action")
+            pos = end
+        if pos != n:
+            return False
+    seg_start, seg_len, is_action = np.array(starts, np.int64), np.array(lens, np.int64), np.array(action, bool)
+    on_action = np.repeat(is_action, seg_len)
+    if not np.array_equal(mask_all, on_action.astype(mask_all.dtype)) or (lp_given & ~on_action).any():
+        return False
+    if not _all_or_none(lp_given, seg_start, seg_len)[is_action].all():
+        return False
+    if v_null.all():
+        return True
+    if v_null.any() or not np.array_equal(v_off, ids_off):
+        return False  # some rows without versions (an older log's): row by row
+    stamped = v_all >= 0
+    if (v_all < -1).any() or (stamped & ~on_action).any():
+        return False
+    return bool(_all_or_none(stamped, seg_start, seg_len)[is_action].all())
+
+
+def _decode_agreed(
+    rows: list[dict[str, Any]], path: Path, first: int, ids_all: np.ndarray, ids_off: np.ndarray, lp_all: np.ndarray,
+    lp_given: np.ndarray, v_all: np.ndarray, v_null: np.ndarray,
+) -> Iterator[Trajectory]:
+    """The rows of a batch :func:`_batch_agrees` passed, as trajectories; what it does not check
+    (schema versions, turn rewards, finish reasons, the order of segments) is checked here."""
+    ids64 = ids_all.astype(np.int64)
+    for r, row in enumerate(rows):
+        where = f"{path}: row {first + r}"
+        if row["schema_version"] not in READABLE_VERSIONS:
+            raise SchemaVersionError(
+                f"{where}: schema version {row['schema_version']!r}, expected one of {READABLE_VERSIONS}"
+            )
+        a, b = int(ids_off[r]), int(ids_off[r + 1])
+        ids = ids64[a:b].copy()  # a row of its own: a kept trajectory does not keep its batch alive
+        lp = lp_all[a:b].copy()
+        versions = None if v_null[r] else v_all[a:b].copy()
+        for arr in (ids, lp, versions):
+            if arr is not None:
+                arr.setflags(write=False)
+        rewards = row["turn_rewards"] or []
+        finish = row.get("finish_reasons")
+        try:
+            if finish is not None and len(finish) != len(rewards):
+                raise CorruptShardError(f"{len(finish)} finish reasons for {len(rewards)} turn rewards")
+            segs = row["segments"] or []
+            turn0 = segs[0]["turn"] if segs else 0
+            segments = []
+            for s in segs:
+                kind, start, end, turn = _KINDS[s["kind"]], s["start"], s["end"], s["turn"]
+                if kind is SegmentKind.ACTION:
+                    if not 0 <= turn - turn0 < len(rewards):
+                        raise CorruptShardError(f"no turn reward for turn {turn}")
+                    whole = end > start
+                    segments.append(_trusted_segment(
+                        kind, ids[start:end], turn, lp[start:end] if whole and lp_given[a + start] else None,
+                        rewards[turn - turn0], None if finish is None else finish[turn - turn0],
+                        versions[start:end] if whole and versions is not None and versions[start] >= 0 else None,
+                    ))
+                else:
+                    segments.append(_trusted_segment(kind, ids[start:end], turn, None, 0.0, None, None))
+            images = [load_image_entry(path.parent, e) for e in row.get("images") or ()]
+            yield _trajectory(row, segments, images, len(rewards))
+        except CorruptShardError as err:
+            raise CorruptShardError(f"{where}: {err}") from None
+        except ValueError as err:  # the Trajectory checks
+            raise CorruptShardError(f"{where}: not a valid trajectory ({err})") from err
+
+
+def _trusted_segment(
+    kind: SegmentKind, ids: np.ndarray, turn: int, logprobs: np.ndarray | None, reward: float,
+    finish_reason: str | None, versions: np.ndarray | None,
+) -> Segment:
+    """A :class:`Segment` of values its batch was checked for (:func:`_batch_agrees`), without the
+    per-segment checks of its constructor: a few numpy calls each, which were most of a read."""
+    seg = object.__new__(Segment)
+    put = object.__setattr__
+    put(seg, "kind", kind)
+    put(seg, "token_ids", ids)
+    put(seg, "turn", turn)
+    put(seg, "logprobs", logprobs)
+    put(seg, "reward", float(reward))
+    put(seg, "finish_reason", None if finish_reason is None else str(finish_reason))
+    put(seg, "versions", versions)
+    return seg
 
 
 def _decode_row(
@@ -253,6 +378,10 @@ def _decode_row(
                                 versions=stamped))
     if pos != len(ids):
         raise CorruptShardError(f"segments cover {pos} of {len(ids)} tokens")
+    return _trajectory(row, segments, images, len(rewards))
+
+
+def _trajectory(row: dict[str, Any], segments: list[Segment], images: list[Any], turn_rewards: int) -> Trajectory:
     traj = Trajectory(
         segments=segments,
         env_id=row["env_id"],
@@ -265,6 +394,6 @@ def _decode_row(
         metadata=json.loads(row["metadata"]) if row["metadata"] is not None else {},
         images=images,
     )
-    if traj.num_turns != len(rewards):
-        raise CorruptShardError(f"{len(rewards)} turn rewards for {traj.num_turns} turns")
+    if traj.num_turns != turn_rewards:
+        raise CorruptShardError(f"{turn_rewards} turn rewards for {traj.num_turns} turns")
     return traj

@@ -75,8 +75,10 @@ def as_before(before: Any, traj: Trajectory) -> Any:
     )
 
 
-def episodes(tok: Any, n: int) -> list[Trajectory]:
-    env = RecordEpisodes(ReplayEnv(tok), keep=False)
+def episodes(tok: Any, n: int, env: Any = None, *, versions: bool = False) -> list[Trajectory]:
+    """``n`` recorded episodes of ``env`` (default ``ReplayEnv(tok)``), logprobs on every policy
+    token; with ``versions``, a weight version too (one more every 64 episodes)."""
+    env = RecordEpisodes(env if env is not None else ReplayEnv(tok), keep=False)
     rng = np.random.default_rng(0)
     out = []
     for seed in range(n):
@@ -84,7 +86,8 @@ def episodes(tok: Any, n: int) -> list[Trajectory]:
         done, info = False, {}
         while not done:
             action = env.unwrapped.reference_action()
-            _, _, term, trunc, info = env.step(action, logprobs=-rng.random(len(action)).astype(np.float32))
+            stamp = np.full(len(action), seed // 64, dtype=np.int32) if versions else None
+            _, _, term, trunc, info = env.step(action, logprobs=-rng.random(len(action)).astype(np.float32), versions=stamp)
             done = term or trunc
         out.append(info["trajectory"])
     return out

@@ -42,11 +42,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow.parquet as pq
 
 from tokengym.envs import ReplayEnv, load_tokenizer
-from tokengym.recorder import RecordEpisodes, Trajectory, TrajectoryWriter, read_table, read_trajectories
+from tokengym.recorder import TrajectoryWriter, read_table, read_trajectories
+
+from store_durability import episodes  # the same recorded episodes (benchmarks/ is on the path of a script run)
 
 GOALS = {"write": 1.2, "read_trajectories": 2.0}
 
@@ -57,24 +58,6 @@ class VaryingReplay(ReplayEnv):
     def reset(self, *, seed=None, options=None):
         self.max_turns = 1 + (seed or 0) % 3
         return super().reset(seed=seed, options=options)
-
-
-def episodes(tok: Any, n: int) -> list[Trajectory]:
-    env = RecordEpisodes(VaryingReplay(tok), keep=False)
-    rng = np.random.default_rng(0)
-    out = []
-    for seed in range(n):
-        env.reset(seed=seed)
-        done, info = False, {}
-        while not done:
-            action = env.unwrapped.reference_action()
-            _, _, term, trunc, info = env.step(
-                action, logprobs=-rng.random(len(action)).astype(np.float32),
-                versions=np.full(len(action), seed // 64, dtype=np.int32),
-            )
-            done = term or trunc
-        out.append(info["trajectory"])
-    return out
 
 
 def timed(fn: Any) -> float:
@@ -92,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     tok = load_tokenizer("Qwen/Qwen3-0.6B")
-    trajs = episodes(tok, args.trajectories)
+    trajs = episodes(tok, args.trajectories, VaryingReplay(tok), versions=True)
     tokens = sum(len(t) for t in trajs)
     root = Path(tempfile.mkdtemp(prefix="tokengym-store-io-", dir=args.dir))
     times: dict[str, list[float]] = {k: [] for k in ("store_write", "plain_write", "plain_write_no_fsync",

@@ -392,9 +392,16 @@ class AsyncVLLMPolicy:
         from safetensors.torch import save_file
 
         # The engine core runs in another process, and vLLM's RPC does not carry tensors in a list:
-        # the weights go by a file (the tied LM head's alias written too, cloned: vLLM fills its head from it).
+        # the weights go by a file (the tied LM head's alias written too: vLLM fills its head from it).
+        tensors, seen = {}, set()
+        for k, v in items:
+            v = v.contiguous()
+            if v.data_ptr() in seen:  # the tied alias: safetensors refuses two names over one memory
+                v = v.clone()
+            seen.add(v.data_ptr())
+            tensors[k] = v
         with tempfile.TemporaryDirectory(prefix="tokengym-weights-") as folder:
-            save_file({k: v.contiguous().clone() for k, v in items}, str(Path(folder) / "model.safetensors"))
+            save_file(tensors, str(Path(folder) / "model.safetensors"))
             return self._call(self._update(engine, folder, version, mode))
 
     async def _update(self, engine: Any, folder: str, version: int | None, mode: OnUpdate) -> int:

@@ -267,7 +267,6 @@ def _decode_agreed(
 ) -> Iterator[Trajectory]:
     """The rows of a batch :func:`_batch_agrees` passed, as trajectories; what it does not check
     (schema versions, turn rewards, finish reasons, the order of segments) is checked here."""
-    ids64 = ids_all.astype(np.int64)
     for r, row in enumerate(rows):
         where = f"{path}: row {first + r}"
         if row["schema_version"] not in READABLE_VERSIONS:
@@ -275,7 +274,7 @@ def _decode_agreed(
                 f"{where}: schema version {row['schema_version']!r}, expected one of {READABLE_VERSIONS}"
             )
         a, b = int(ids_off[r]), int(ids_off[r + 1])
-        ids = ids64[a:b].copy()  # a row of its own: a kept trajectory does not keep its batch alive
+        ids = ids_all[a:b].astype(np.int64)  # a copy of its own: a kept trajectory does not keep its batch alive
         lp = lp_all[a:b].copy()
         versions = None if v_null[r] else v_all[a:b].copy()
         for arr in (ids, lp, versions):

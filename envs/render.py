@@ -98,6 +98,10 @@ def _tools_key(tools: Sequence[Any] | None) -> str:
 
 _PROBED: weakref.WeakValueDictionary[tuple[Any, ...], ChatRenderer] = weakref.WeakValueDictionary()
 """The first renderer of each (tokenizer, template, variables), while it lives: the twin later ones adopt."""
+_SHARED_CACHES = frozenset({"_histories", "_tools_shown"})
+"""Caches of renders that a renderer shares with the twins it taught (:meth:`ChatRenderer._adopt`):
+pure functions of the tokenizer, template and variables, bounded, and safe to fill from any
+thread (a race only renders an entry twice)."""
 
 
 def _probe_key(
@@ -305,10 +309,15 @@ class ChatRenderer:
         probe's results, the backends built for literal text, the caches of renders), so envs of
         one tokenizer share it: probing cost ~80% of building an env once the template's compile
         was shared, and a run builds one env per slot. Containers are copied (no renderer writes
-        into another's); the whole-conversation renderer, which keeps one conversation's state,
-        is this renderer's own.
+        into another's), but for the caches of renders in :data:`_SHARED_CACHES`: a cache entry
+        is true for every twin, and a copy each cost every env in flight its own renders (1.3 kB
+        an episode on a tool env); the whole-conversation renderer, which keeps one conversation's
+        state, is this renderer's own.
         """
-        state = {k: copy.copy(v) if type(v) in (dict, set, list) else v for k, v in vars(twin).items()}
+        state = {
+            k: v if k in _SHARED_CACHES else copy.copy(v) if type(v) in (dict, set, list) else v
+            for k, v in vars(twin).items()
+        }
         whole = state.pop("_whole_renderer", None)
         self.__dict__.update(state)
         if whole is not None:

@@ -32,10 +32,22 @@ class TokenSequence(spaces.Sequence):
     can share: up to ``capacity`` ids each (256 KiB of shared memory per env by default)."""
 
     def __init__(self, vocab_size: int, capacity: int = DEFAULT_SHARED_CAPACITY, seed: Any = None) -> None:
-        super().__init__(spaces.Discrete(vocab_size), seed=seed, stack=True)
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
+        # stack=True, but the stacked feature space (with the two random generators gymnasium makes
+        # for it, 2 kB of an env's memory) is built when a sample or a JSON form first asks for it
+        super().__init__(spaces.Discrete(vocab_size), seed=seed, stack=False)
+        self.stack = True
         self.capacity = int(capacity)
+
+    @property  # type: ignore[override]
+    def stacked_feature_space(self) -> spaces.Space[Any]:
+        built = self.__dict__.get("_stacked")
+        if built is None:
+            from gymnasium.vector.utils import batch_space
+
+            built = self.__dict__["_stacked"] = batch_space(self.feature_space, 1)
+        return built
 
 
 class TokenBatch(SequenceABC):

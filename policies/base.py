@@ -61,6 +61,17 @@ class SamplingParams:
         """A copy with ``changes`` applied (the params are frozen)."""
         return dataclasses.replace(self, **changes)  # validated again; asdict would deep-copy every field
 
+    def for_turn(self, max_tokens: int, seed: int | None) -> SamplingParams:
+        """A copy with one turn's token budget (>= 1) and seed: what a driver asks every turn, so
+        it skips :meth:`replace`'s checks of the fields it keeps."""
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        out = object.__new__(SamplingParams)
+        out.__dict__.update(self.__dict__)
+        object.__setattr__(out, "max_tokens", int(max_tokens))
+        object.__setattr__(out, "seed", None if seed is None else int(seed))
+        return out
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready form, as stored with each trajectory so a run can be reproduced."""
         d = asdict(self)

@@ -103,3 +103,23 @@ class Segment:
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def trusted_segment(
+    kind: SegmentKind, ids: np.ndarray, turn: int, logprobs: np.ndarray | None = None, reward: float = 0.0,
+    finish_reason: str | None = None, versions: np.ndarray | None = None,
+) -> Segment:
+    """A :class:`Segment` of values its maker already holds in the checked form (read-only int64
+    ids, float32 logprobs and int32 versions of the ids' length, on an action where it has them),
+    without the constructor's checks: a few numpy calls a segment, which were most of the cost of
+    turning a recorded stream or a stored row into a trajectory."""
+    seg = object.__new__(Segment)
+    put = object.__setattr__
+    put(seg, "kind", kind)
+    put(seg, "token_ids", ids)
+    put(seg, "turn", turn)
+    put(seg, "logprobs", logprobs)
+    put(seg, "reward", float(reward))
+    put(seg, "finish_reason", None if finish_reason is None else str(finish_reason))
+    put(seg, "versions", versions)
+    return seg

@@ -20,7 +20,7 @@ from tokengym.envs.conformance import Conformance, deferred_next, deferred_resul
 from tokengym.envs.step_record import StepRecord, ToolReward, reset_record, step_record
 from tokengym.envs.stream import TokenStream
 
-from .segments import Segment, SegmentKind
+from .segments import Segment, SegmentKind, trusted_segment
 from .trajectory import Trajectory
 
 __all__ = ["RecordEpisodes"]
@@ -217,7 +217,8 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         return None if self._stream is None else self._segments_of(self._stream)
 
     def _segments_of(self, stream: TokenStream) -> list[Segment]:
-        """The recorded sequence as segments (new arrays: the trajectory owns them)."""
+        """The recorded sequence as segments (new read-only arrays: the trajectory owns them; made
+        without the segment constructor's checks, which the recorder's own arrays pass by making)."""
         out: list[Segment] = []
         lp = np.frombuffer(self._logprobs, dtype=np.float32) if self._logprobs else np.zeros(0, np.float32)
         vs = np.frombuffer(self._versions, dtype=np.int32) if self._versions else np.zeros(0, np.int32)
@@ -227,17 +228,17 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
             if kind == "action":
                 logprobs = None
                 if self._given[action]:
-                    logprobs, at = lp[at : at + len(ids)].copy(), at + len(ids)
+                    logprobs, at = _frozen(lp[at : at + len(ids)]), at + len(ids)
                 versions = None
                 if self._stamped[action]:
-                    versions, vat = vs[vat : vat + len(ids)].copy(), vat + len(ids)
-                out.append(Segment(SegmentKind.ACTION, ids, stream.turn(k), logprobs=logprobs,
-                                   reward=self._rewards[action], finish_reason=self._finish[action], versions=versions))
+                    versions, vat = _frozen(vs[vat : vat + len(ids)]), vat + len(ids)
+                out.append(trusted_segment(SegmentKind.ACTION, ids, stream.turn(k), logprobs,
+                                           self._rewards[action], self._finish[action], versions))
                 action += 1
             elif kind == "prompt":
-                out.append(Segment(SegmentKind.PROMPT, ids, self._prompt_turn))
+                out.append(trusted_segment(SegmentKind.PROMPT, ids, self._prompt_turn))
             else:
-                out.append(Segment(SegmentKind.OBSERVATION, ids, stream.turn(k)))
+                out.append(trusted_segment(SegmentKind.OBSERVATION, ids, stream.turn(k)))
         return out
 
     def _finish_episode(self, record: StepRecord, terminated: bool, truncated: bool) -> Trajectory:
@@ -301,6 +302,13 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         """Finished trajectories since the last call; the list is emptied."""
         out, self.trajectories = self.trajectories, []
         return out
+
+
+def _frozen(values: np.ndarray) -> np.ndarray:
+    """A read-only copy of ``values`` (a segment's own array)."""
+    out = values.copy()
+    out.setflags(write=False)
+    return out
 
 
 def _no_text(ids: Sequence[int]) -> str:

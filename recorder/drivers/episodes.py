@@ -24,6 +24,7 @@ from tokengym.envs.step_record import reset_record, step_record
 from tokengym.policies import Generation, Policy, SamplingParams
 
 from ..advantages import GroupSignal
+from ..segments import SegmentKind
 from ..stopping import uninterrupted
 from ..trajectory import Trajectory
 from ..views import add_tool_stats
@@ -305,6 +306,8 @@ class EpisodeSlot:
     """Its env is still inside a step that passed its deadline: no episode runs on it again."""
     build: Callable[[], RecordEpisodes] | None = field(default=None, repr=False)
     """Makes :attr:`env` at the first :meth:`begin`, when the slot was made without one."""
+    _merged: tuple[SamplingParams, SamplingParams] | None = field(default=None, init=False, repr=False, compare=False)
+    """(base, base with the env's stops): :meth:`params` merges them once an episode."""
 
     @classmethod
     def lazy(cls, build: Callable[[], RecordEpisodes]) -> EpisodeSlot:
@@ -325,6 +328,7 @@ class EpisodeSlot:
         from tokengym.envs.chat import COMPLETION_BUDGET
 
         self.task, self.episode = task, task.episode
+        self._merged = None
         if self.env is None:
             assert self.build is not None, "a slot needs an env or a build"
             self.env = self.build()  # a factory's failure fails this episode; the next one tries again
@@ -347,10 +351,14 @@ class EpisodeSlot:
         return self.recorder.context_ids()
 
     def params(self, base: SamplingParams) -> SamplingParams:
-        """The sampling settings of this slot's next turn."""
+        """The sampling settings of this slot's next turn (:func:`turn_params`; the env's stop
+        tokens and strings are merged into ``base`` once an episode, not every turn)."""
         assert self.task is not None, "begin() first"
         seed = int(np.random.SeedSequence([*self.task.seed_key, self.turn]).generate_state(1, dtype=np.uint32)[0])
-        return turn_params(base, self.recorder.unwrapped, self.remaining, seed)
+        merged = self._merged
+        if merged is None or merged[0] is not base:
+            merged = self._merged = (base, with_env_stops(base, self.recorder.unwrapped))
+        return merged[1].for_turn(max(1, min(base.max_tokens, self.remaining)), seed)
 
     def step(self, gen: Generation) -> Any:
         """``env.step`` with the generation; an exception is returned, not raised."""
@@ -433,9 +441,12 @@ def build_policy(policy: Policy | PolicyFactory) -> Policy:
 def turn_params(base: SamplingParams, env: Any, remaining: int, seed: int) -> SamplingParams:
     """One turn's sampling settings: ``base`` with the env's stop tokens and strings added, the
     token budget cut to the context left, and the turn's own seed."""
+    return with_env_stops(base, env).for_turn(max(1, min(base.max_tokens, remaining)), seed)
+
+
+def with_env_stops(base: SamplingParams, env: Any) -> SamplingParams:
+    """``base`` with ``env``'s stop tokens and strings added (each once, in order)."""
     return base.replace(
-        max_tokens=max(1, min(base.max_tokens, remaining)),
-        seed=seed,
         stop_token_ids=tuple(dict.fromkeys([*base.stop_token_ids, *getattr(env, "stop_token_ids", ())])),
         stop_strings=tuple(dict.fromkeys([*base.stop_strings, *getattr(env, "stop_strings", ())])),
     )
@@ -465,11 +476,24 @@ def record_finished(
 
 
 def _account(stats: RolloutStats, rows: list[Trajectory]) -> None:
+    # One pass over each row's segments and conformance records: the trajectory's own views (its
+    # mask, its action list, its conformance summary) would build arrays and lists for a count.
     stats.episodes += 1
-    stats.tokens += sum(len(t) for t in rows)
-    stats.policy_tokens += sum(int(t.mask.sum()) for t in rows)
-    stats.turns += sum(t.num_turns for t in rows)
-    episode_return = sum(t.reward for t in rows)
+    episode_return = 0.0
+    finish, conformance = stats.finish_reasons, stats.conformance
+    for traj in rows:
+        for seg in traj.segments:
+            n = len(seg.token_ids)
+            stats.tokens += n
+            if seg.kind is SegmentKind.ACTION:
+                stats.policy_tokens += n
+                stats.turns += 1
+                episode_return += seg.reward
+                finish[seg.finish_reason or "unknown"] += 1
+        for result in traj.conformance:
+            status = result.get("status", "off")
+            if status in _COUNTED:
+                conformance[status] += 1
     stats.reward_sum += episode_return
     stats.stop_reasons[rows[-1].stop_reason or "?"] += 1
     if len(rows) > 1:
@@ -477,12 +501,10 @@ def _account(stats: RolloutStats, rows: list[Trajectory]) -> None:
     if "group" in rows[-1].metadata:
         stats.group_rewards.setdefault(rows[-1].metadata["group"], []).append(episode_return)
     add_tool_stats(stats.tool_calls, rows[-1].metadata.get("tool_stats"))
-    for traj in rows:
-        stats.finish_reasons.update(reason or "unknown" for reason in traj.finish_reasons)
-        summary = traj.conformance_summary
-        for status in ("ok", "known", "mismatch", "deferred"):
-            if summary.get(status):
-                stats.conformance[status] += summary[status]
+
+
+_COUNTED = frozenset({"ok", "known", "mismatch", "deferred"})
+"""The conformance statuses a run counts (:attr:`RolloutStats.conformance`)."""
 
 
 class Progress:
@@ -544,7 +566,7 @@ class Progress:
             self.reward = f"{stats.mean_reward:.3f}"
             self.generated = max(self.generated, stats.policy_tokens)  # drivers that do not count live
             self.turns = max(self.turns, stats.turns)
-        self._show(time.perf_counter())
+        self._maybe_show()  # a redraw each episode cost 3 ms (at 1,000 in flight, a third of a turn's driver)
 
     def _maybe_show(self) -> None:
         now = time.perf_counter()
@@ -561,6 +583,7 @@ class Progress:
             self.bar.set_postfix(fields)
 
     def close(self) -> None:
+        self._show(time.perf_counter())  # the last numbers, whenever the last redraw was
         self.bar.close()
 
 

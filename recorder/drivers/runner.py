@@ -214,17 +214,10 @@ async def play(
                     f"the policy did not answer turn {slot.turn} within {turn_s:g} s (Deadlines.generate_s)"
                 )
             return slot.failure(err)
-        try:
-            async with asyncio.timeout(step_s) as late:
-                result = await step(slot, gen)
-        except TimeoutError:
-            if not late.expired():
-                raise
-            slot.retired = True
-            return slot.failure(EpisodeTimeout(
-                f"the env's step of turn {slot.turn} did not return within {step_s:g} s (Deadlines.step_s); "
-                "its env copy is retired (the step's thread cannot be stopped), the run goes on without it"
-            ))
+        if step_s is None or step is _step_inline or getattr(step, "inline", False):
+            result = await step(slot, gen)  # on the loop's thread: no deadline could interrupt it
+        else:
+            result = await _bounded_step(slot, gen, step, step_s)
         if isinstance(result, Exception):
             return slot.failure(result)
         try:
@@ -233,6 +226,21 @@ async def play(
             return slot.failure(err)
         if rows is not None:
             return rows
+
+
+async def _bounded_step(slot: EpisodeSlot, gen: Generation, step: Step, step_s: float) -> Any:
+    """``step`` under its deadline: its result, or the episode's failure when it passed it."""
+    try:
+        async with asyncio.timeout(step_s) as late:
+            return await step(slot, gen)
+    except TimeoutError:
+        if not late.expired():
+            raise
+        slot.retired = True
+        return EpisodeTimeout(
+            f"the env's step of turn {slot.turn} did not return within {step_s:g} s (Deadlines.step_s); "
+            "its env copy is retired (the step's thread cannot be stopped), the run goes on without it"
+        )
 
 
 class _Stop:

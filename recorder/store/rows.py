@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..segments import Segment, SegmentKind
+from ..segments import Segment, SegmentKind, trusted_segment
 from ..trajectory import Trajectory
 from .errors import CorruptShardError, SchemaVersionError
 from .images import load_image_entry
@@ -294,37 +294,19 @@ def _decode_agreed(
                     if not 0 <= turn - turn0 < len(rewards):
                         raise CorruptShardError(f"no turn reward for turn {turn}")
                     whole = end > start
-                    segments.append(_trusted_segment(
+                    segments.append(trusted_segment(
                         kind, ids[start:end], turn, lp[start:end] if whole and lp_given[a + start] else None,
                         rewards[turn - turn0], None if finish is None else finish[turn - turn0],
                         versions[start:end] if whole and versions is not None and versions[start] >= 0 else None,
                     ))
                 else:
-                    segments.append(_trusted_segment(kind, ids[start:end], turn, None, 0.0, None, None))
+                    segments.append(trusted_segment(kind, ids[start:end], turn, None, 0.0, None, None))
             images = [load_image_entry(path.parent, e) for e in row.get("images") or ()]
             yield _trajectory(row, segments, images, len(rewards))
         except CorruptShardError as err:
             raise CorruptShardError(f"{where}: {err}") from None
         except ValueError as err:  # the Trajectory checks
             raise CorruptShardError(f"{where}: not a valid trajectory ({err})") from err
-
-
-def _trusted_segment(
-    kind: SegmentKind, ids: np.ndarray, turn: int, logprobs: np.ndarray | None, reward: float,
-    finish_reason: str | None, versions: np.ndarray | None,
-) -> Segment:
-    """A :class:`Segment` of values its batch was checked for (:func:`_batch_agrees`), without the
-    per-segment checks of its constructor: a few numpy calls each, which were most of a read."""
-    seg = object.__new__(Segment)
-    put = object.__setattr__
-    put(seg, "kind", kind)
-    put(seg, "token_ids", ids)
-    put(seg, "turn", turn)
-    put(seg, "logprobs", logprobs)
-    put(seg, "reward", float(reward))
-    put(seg, "finish_reason", None if finish_reason is None else str(finish_reason))
-    put(seg, "versions", versions)
-    return seg
 
 
 def _decode_row(

@@ -14,7 +14,9 @@ turns 0, 1, 3, 7, ... and the last (``conformance_schedule="doubling"``), so tha
 per step stays flat too. Every render (the observation's small conversation and the check's whole
 one) goes through a sandbox that remembers its per-type safety decisions
 (``tokengym.envs.whole_render``), at about a third of what ``apply_chat_template`` takes for it. Goals at 128 turns: ``step(default)`` last-quarter / first-quarter
-<= 1.2, and ``step(default)`` at least 40x faster than messages-in (mean per turn).
+<= 1.2, and ``step(default)`` at least 40x faster than messages-in (mean per turn), on every one
+of ``--runs`` whole runs (5 by default: a VM's speed moves between runs, and a goal met once may
+not be met the next time; the min and the median are reported, the table is the median run's).
 
 What is measured (side by side, on the same synthetic transcripts, in one run)
 -----------------------------------------------------------------------------
@@ -54,13 +56,13 @@ own (``final step``) and in the episode total. Reported per N: mean and median m
 per turn, the mean over the first and the last quarter of turns and their ratio (pass 1, and
 pass 2's: flat cost => ratio near 1), the final step, the episode total (N turns, plus the final
 step for ``step``), tokens per observation, and the ratio of the messages-in cost to each
-method's (mean per turn, last quarter, episode). The goals use pass 1's mean-per-turn ratio and
-pass 2's growth.
+method's (mean per turn, last quarter, episode). The goals use pass 1's mean-per-turn ratio (its
+min over the runs) and pass 2's growth (its max over the runs).
 
 Run (from the repository root)::
 
-    python benchmarks/observation_tokens.py                      # --turns 8 32 128
-    python benchmarks/observation_tokens.py --turns 8 32 128 --repeats 3 --json results.json
+    python benchmarks/observation_tokens.py                      # --turns 8 32 128, 5 runs
+    python benchmarks/observation_tokens.py --turns 128 --runs 1 --repeats 3 --json results.json
 """
 
 from __future__ import annotations
@@ -423,19 +425,32 @@ def print_table(results: list[dict[str, Any]]) -> None:
                   f"| {s['baseline_over_this_episode']:.1f}x |")
 
 
-def print_goals(results: list[dict[str, Any]]) -> list[str]:
-    """The goals for the default ``step()``, met or not, at the largest turn count run; returns
-    the goals missed (the script then exits 1)."""
+def over_runs(runs: list[list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per turn count, messages-in ÷ step(default) (mean per turn) of every run, with its min and median."""
+    out: dict[str, dict[str, Any]] = {}
+    for results in zip(*runs, strict=True):
+        ratios = [r["methods"]["step(default)"]["baseline_over_this"] for r in results]
+        flats = [r["methods"]["step(default)"]["own_last_over_first"] for r in results]
+        out[str(results[0]["turns"])] = {"ratios": ratios, "min": min(ratios), "median": statistics.median(ratios),
+                                         "own_last_over_first": flats}
+    return out
+
+
+def print_goals(results: list[dict[str, Any]], spread: dict[str, dict[str, Any]]) -> list[str]:
+    """The goals for the default ``step()``, met or not, at the largest turn count run, on every
+    run (``spread``: :func:`over_runs`); returns the goals missed (the script then exits 1)."""
     res = max(results, key=lambda r: r["turns"])
     s = res["methods"]["step(default)"]
-    flat, speed = s["own_last_over_first"], s["baseline_over_this"]
+    runs = spread[str(res["turns"])]
+    flat, speed = max(runs["own_last_over_first"]), runs["min"]
     print(f"\nGoals at {res['turns']} turns, step(default):")
-    print(f"  last ¼ / first ¼ per step = {flat:.2f} (goal <= 1.2): {'met' if flat <= 1.2 else 'NOT met'} "
+    print(f"  last ¼ / first ¼ per step = {flat:.2f} (the most of any run; goal <= 1.2): {'met' if flat <= 1.2 else 'NOT met'} "
           f"(with messages-in between: {s['last_over_first']:.2f}; observation() "
           f"{res['methods']['observation']['own_last_over_first']:.2f} / "
           f"{res['methods']['observation']['last_over_first']:.2f})")
-    print(f"  messages-in ÷ step(default), mean per turn = {speed:.1f}x (goal >= 40x): "
-          f"{'met' if speed >= 40 else 'NOT met'}; last ¼ {s['baseline_over_this_last_quarter']:.1f}x, "
+    print(f"  messages-in ÷ step(default), mean per turn, over {len(runs['ratios'])} run(s): min {speed:.1f}x, "
+          f"median {runs['median']:.1f}x (goal >= 40x on every run): {'met' if speed >= 40 else 'NOT met'}; "
+          f"in the median run: last ¼ {s['baseline_over_this_last_quarter']:.1f}x, "
           f"episode incl. the final step {s['baseline_over_this_episode']:.1f}x")
     off = res["methods"]["step(off)"]
     print(f"  for reference: step(off) {off['mean_us']:,.0f} µs/turn ({off['baseline_over_this']:.1f}x), "
@@ -449,29 +464,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, nargs="+", default=[8, 32, 128], help="assistant tool turns per episode")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each episode per method (median per turn)")
     parser.add_argument("--tokenizer", default="qwen3", help="pinned name, local folder or hub name")
+    parser.add_argument("--runs", type=int, default=5,
+                        help="whole runs, one after another (the goal holds on every one; the table is the median run's)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
-    if args.repeats < 1 or any(n < 1 for n in args.turns):
-        parser.error("--repeats and --turns must be positive")
+    if args.repeats < 1 or args.runs < 1 or any(n < 1 for n in args.turns):
+        parser.error("--repeats, --runs and --turns must be positive")
 
     tok = load_tokenizer(args.tokenizer)
     renderer = ChatRenderer(tok)
     started = time.perf_counter()
-    results = []
-    for n in args.turns:
-        res = bench(n, args.repeats, renderer, tok)
-        results.append(res)
-        print(f"N={n}: ids verified equal on all {n} turns; conformance statuses (incl. the final step) "
-              f"{res['conformance_statuses']}; episode {res['episode_tokens']:,} tokens", flush=True)
+    runs: list[list[dict[str, Any]]] = []
+    for run in range(args.runs):
+        results = []
+        for n in args.turns:
+            res = bench(n, args.repeats, renderer, tok)
+            results.append(res)
+            print(f"run {run + 1}/{args.runs}, N={n}: ids verified equal on all {n} turns; conformance statuses "
+                  f"(incl. the final step) {res['conformance_statuses']}; episode {res['episode_tokens']:,} tokens; "
+                  f"messages-in ÷ step(default) {res['methods']['step(default)']['baseline_over_this']:.1f}x",
+                  flush=True)
+        runs.append(results)
     elapsed = time.perf_counter() - started
-    print(f"\nObservation token ids per turn, {args.tokenizer} chat template, "
-          f"repeats={args.repeats}, Python {platform.python_version()}, {elapsed:.0f} s total\n")
+    spread = over_runs(runs)
+    largest = str(max(args.turns))
+    median_run = sorted(range(len(runs)), key=lambda i: spread[largest]["ratios"][i])[len(runs) // 2]
+    results = runs[median_run]
+    print(f"\nObservation token ids per turn, {args.tokenizer} chat template, repeats={args.repeats}, "
+          f"the median of {args.runs} run(s) (run {median_run + 1}), Python {platform.python_version()}, "
+          f"{elapsed:.0f} s total\n")
     print_table(results)
-    missed = print_goals(results)
+    missed = print_goals(results, spread)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"tokenizer": args.tokenizer, "repeats": args.repeats, "elapsed_s": elapsed,
-                       "python": platform.python_version(), "results": results}, fh, indent=2)
+            json.dump({"tokenizer": args.tokenizer, "repeats": args.repeats, "runs": args.runs, "elapsed_s": elapsed,
+                       "python": platform.python_version(), "over_runs": spread, "median_run": median_run,
+                       "results": results}, fh, indent=2)
     if missed:
         print(f"goal missed: {', '.join(missed)}", file=sys.stderr)
         return 1

@@ -334,7 +334,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             else PackedList(prompt_messages, resolve=None if self.history == "deploy" else self._assistant_messages)
         )
         prompt_ids = frozen_ids(rendered.ids)
-        self._stream = TokenStream(self.renderer.decode)
+        self._stream = TokenStream(self.renderer.decode, self.renderer.decode_many)
         self._stream.append("prompt", 0, prompt_ids, rendered.text, has_user=True)
         self._num_tokens = len(rendered.ids)
         self._turn = 0
@@ -432,7 +432,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
                 has_user = any(m.get("role") == "user" for m in new)
                 obs_ids = frozen_ids(obs_ids)
                 if context_reset:  # the deployed context is not an extension of this one: a new sequence
-                    self._stream = TokenStream(self.renderer.decode)
+                    self._stream = TokenStream(self.renderer.decode, self.renderer.decode_many)
                     self._stream.append("prompt", turn, obs_ids, obs_text, has_user=True)
                     self._num_tokens = 0
                 else:

@@ -552,6 +552,13 @@ class ChatRenderer:
             return str(self._backend.decode(ids.tolist() if hasattr(ids, "tolist") else list(ids), skip_special_tokens=False))
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
+    def decode_many(self, seqs: Sequence[Sequence[int]]) -> list[str]:
+        """:meth:`decode` of each of ``seqs``, in one call to the Rust tokenizer where
+        :meth:`decode` goes straight through it (a whole-conversation check decodes every piece)."""
+        if self._direct_decode:
+            return [str(t) for t in self._backend.decode_batch([list(s) for s in seqs], skip_special_tokens=False)]
+        return [self.decode(s) for s in seqs]
+
     def count_added_texts(self, text: str) -> int:
         """How many times the text of an added token (special or not) occurs in ``text``."""
         return sum(1 for _ in self._added_re.finditer(text)) if self._added_re is not None else 0

@@ -39,12 +39,19 @@ class TokenStream:
 
     Args:
         decode: the tokenizer's decode (ids -> text), for a piece's text when it is asked for.
+        decode_many: the same for a list of id lists at once (one call where many pieces'
+            texts are asked for: a whole-conversation check); default: ``decode`` of each.
     """
 
-    __slots__ = ("_decode", "_ids", "_table", "_text", "_recent")
+    __slots__ = ("_decode", "_decode_many", "_ids", "_table", "_text", "_recent")
 
-    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
+    def __init__(
+        self,
+        decode: Callable[[Sequence[int]], str],
+        decode_many: Callable[[list[list[int]]], list[str]] | None = None,
+    ) -> None:
         self._decode = decode
+        self._decode_many = decode_many
         self._ids = array("i")
         self._table = array("i")
         self._text = bytearray()
@@ -131,9 +138,10 @@ class TokenStream:
 
     def texts(self, first: int = 0, end: int | None = None) -> list[str]:
         """The texts of pieces ``first`` to ``end`` (the kept ones read, the others decoded)."""
-        table, n, data, decode = self._table, self.num_pieces, self._ids, self._decode
+        table, n, data = self._table, self.num_pieces, self._ids
         end = n if end is None else end
         out: list[str] = []
+        todo: list[int] = []  # where in out a decoded text goes
         for k in range(first, end):
             at = k * _FIELDS
             if table[at + 2] & _KEPT:
@@ -141,7 +149,15 @@ class TokenStream:
             elif n - k <= len(self._recent):
                 out.append(self._recent[k - n])
             else:
-                out.append(decode(data[table[at - _FIELDS] if k else 0 : table[at]].tolist()))
+                todo.append(len(out))
+                out.append("")
+        if todo:
+            spans = [data[table[(first + i) * _FIELDS - _FIELDS] if first + i else 0 : table[(first + i) * _FIELDS]].tolist()
+                     for i in todo]
+            texts = (self._decode_many(spans) if self._decode_many is not None and len(spans) > 1
+                     else [self._decode(ids) for ids in spans])
+            for i, text in zip(todo, texts, strict=True):
+                out[i] = text
         return out
 
     def content(self, k: int, text: str | None = None) -> str | None:

@@ -156,6 +156,25 @@ def test_the_progress_bar_shows_live_tokens_per_second(qwen25, capsys):
     assert "4/4" in err and "tok_s=" in err and "reward=" in err
 
 
+def test_the_progress_bar_is_redrawn_at_most_twice_a_second_and_ends_on_the_run_s_numbers(qwen25, monkeypatch):
+    from tqdm import std
+
+    shown: list[dict] = []
+    original = std.tqdm.set_postfix
+
+    def counted(self, ordered_dict=None, refresh=True, **kwargs):
+        shown.append(dict(ordered_dict or {}))
+        return original(self, ordered_dict, refresh, **kwargs)
+
+    monkeypatch.setattr(std.tqdm, "set_postfix", counted)
+    start = time.perf_counter()
+    res = rollout(lambda: CalculatorEnv(qwen25), answer(qwen25), episodes=60, concurrency=8, progress=True)
+    elapsed = time.perf_counter() - start
+    assert res.stats.episodes == 60
+    assert len(shown) <= 2 * elapsed + 2 < 60  # not once an episode (3 ms a redraw)
+    assert shown[-1]["reward"] == f"{res.stats.mean_reward:.3f}" and shown[-1]["turns"] == str(res.stats.turns)
+
+
 def test_no_episodes_is_an_empty_run(qwen25):
     for schedule in ("async", "lockstep"):
         r = rollout(lambda: CalculatorEnv(qwen25), answer(qwen25), episodes=[], schedule=schedule, progress=False)

@@ -69,3 +69,72 @@ def test_an_episode_in_flight_keeps_a_bounded_number_of_bytes_per_token_and_per_
     assert per_turn <= BYTES_PER_TURN, f"{per_turn:.0f} B per turn (bound {BYTES_PER_TURN})"
     short = short_b / short_t
     assert short <= BYTES_PER_SHORT_TOKEN, f"{short:.1f} B per token on 42-token turns (bound {BYTES_PER_SHORT_TOKEN})"
+
+
+WHOLE_EPISODE_BYTES = 20_000
+"""What a whole tool episode in flight holds after four turns (~430 context tokens): its env, renderer,
+spaces, recorder and driver slot, built as a run builds them: about 17,300 now (23,100 when each
+env's token spaces made gymnasium's random generators and each renderer copied its render caches)."""
+
+
+def test_a_whole_episode_in_flight_holds_a_bounded_number_of_bytes_env_included(qwen3):
+    import gymnasium as gym
+
+    import tokengym.envs  # noqa: F401  (registers the envs)
+
+    def make() -> EpisodeSlot:
+        return EpisodeSlot(RecordEpisodes(gym.make("tokengym/Calculator-v0", tokenizer=qwen3, max_turns=8,
+                                                   disable_env_checker=True), keep=False))
+
+    def play(slot: EpisodeSlot, task, turns: int) -> None:
+        slot.begin(task)
+        r = slot.recorder.unwrapped.renderer
+        ids = r.encode_action_text(CALL) + list(r.turn_end_ids)
+        for _ in range(turns):
+            gen = Generation(np.array(ids), np.full(len(ids), -0.25, np.float32), "stop")
+            assert slot.advance(gen, slot.step(gen)) is None
+
+    n = 60
+    tasks = plan_tasks(list(range(n + 1)), 0)
+    play(make(), tasks[0], 4)  # the first env probes the template: its twins adopt what it found
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        slots = [make() for _ in range(n)]
+        for slot, task in zip(slots, tasks[1:]):
+            play(slot, task, 4)
+        gc.collect()
+        held = (tracemalloc.get_traced_memory()[0] - before) / n
+    finally:
+        tracemalloc.stop()
+    tokens = np.mean([len(s.stream) for s in slots])
+    assert 300 < tokens < 600
+    assert held <= WHOLE_EPISODE_BYTES, f"{held:,.0f} B an episode of {tokens:.0f} tokens (bound {WHOLE_EPISODE_BYTES:,})"
+    for slot in slots:
+        slot.recorder.close()
+
+
+def test_token_spaces_make_their_random_generators_only_when_sampled(qwen3):
+    env = CalculatorEnv(qwen3)
+    space = env.action_space
+    assert "_stacked" not in vars(space) and space.feature_space._np_random is None
+    space.seed(3)
+    a = space.sample()
+    space.seed(3)
+    assert np.array_equal(space.sample(), a)  # seeded sampling repeats
+    assert a.dtype == np.int64 and a.ndim == 1 and space.contains(a) and space.stack
+    assert space == env.observation_space  # same vocabulary, same space
+    env.close()
+
+
+def test_envs_of_one_tokenizer_share_their_render_caches_and_render_alike(qwen3):
+    first, second = CalculatorEnv(qwen3), CalculatorEnv(qwen3)
+    assert first.renderer._histories is second.renderer._histories
+    assert first.renderer._capabilities is not second.renderer._capabilities  # probed facts: each its own
+    messages = [{"role": "tool", "content": "84"}]
+    a = first.renderer.observation(messages, None)
+    b = second.renderer.observation(messages, None)
+    assert a.ids == b.ids and a.text == b.text
+    first.close()
+    second.close()

@@ -112,6 +112,15 @@ def test_bad_sampling_settings(kwargs, match):
         SamplingParams(**kwargs)
 
 
+def test_a_turn_s_sampling_settings_are_the_base_s_with_its_budget_and_seed():
+    base = SamplingParams(max_tokens=64, temperature=0.7, top_p=0.9, top_k=5, stop_token_ids=(2, 3), stop_strings=("x",))
+    turn = base.for_turn(10, 1234)
+    assert turn == base.replace(max_tokens=10, seed=1234) and turn is not base and base.max_tokens == 64
+    assert base.for_turn(1, None).seed is None
+    with pytest.raises(ValueError, match="max_tokens"):
+        base.for_turn(0, 1)
+
+
 def test_generation_checks_logprob_length():
     with pytest.raises(ValueError, match="2 logprobs for 3"):
         Generation([1, 2, 3], [0.0, 0.0], "stop")

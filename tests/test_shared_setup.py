@@ -21,7 +21,8 @@ def test_a_second_renderer_of_the_same_tokenizer_adopts_the_first_ones_probe(qwe
     for name in ("turn_end_ids", "call_end_ids", "stop_token_ids", "generation_prompt", "special_ids", "tools_required"):
         assert getattr(second, name) == getattr(first, name)
     assert second.template_kwargs == first.template_kwargs and second.template_kwargs is not first.template_kwargs
-    assert second._histories is not first._histories  # caches are copied, never written into each other
+    # the render caches are pure functions of the tokenizer, template and variables: shared; the rest is copied
+    assert second._histories is first._histories and second._tools_shown is first._tools_shown
     whole_1, whole_2 = first._whole_renderer, second._whole_renderer
     assert whole_2 is not whole_1 and whole_2.renderer is second and whole_2._forms is not whole_1._forms
     shared = set(whole_1._compiled) & set(whole_2._compiled)

@@ -169,3 +169,24 @@ def test_an_env_reads_its_assistant_messages_back_from_the_stream_except_under_a
         assistants = [m for m in env.messages if m["role"] == "assistant"]
         assert assistants == [{"role": "assistant", "content": action_text}] * 2
         assert env._messages.holds_refs is (history == "keep")
+
+
+def test_a_stream_decodes_the_texts_a_whole_check_asks_for_in_one_call(qwen3):
+    env = CalculatorEnv(qwen3, max_turns=8)
+    env.reset(seed=0)
+    r = env.renderer
+    action = np.array(r.encode_action_text(CALL) + list(r.turn_end_ids))
+    for _ in range(4):
+        env.step(action)
+    stream = env.token_stream
+    calls: list[int] = []
+    one = TokenStream(r.decode)
+    many = TokenStream(r.decode, lambda seqs: calls.append(len(seqs)) or r.decode_many(seqs))
+    for k in range(stream.num_pieces):
+        for s in (one, many):
+            s.append(stream.kind(k), stream.turn(k), stream.piece_ids(k), stream.text(k))
+    calls.clear()
+    assert many.texts() == one.texts() == stream.texts()
+    assert calls == [stream.num_pieces - 2]  # every piece but the last two (whose texts are kept) in one call
+    assert r.decode_many([stream.piece_ids(k).tolist() for k in range(3)]) == [stream.text(k) for k in range(3)]
+    env.close()

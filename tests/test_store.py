@@ -377,9 +377,14 @@ def test_a_batch_of_rows_with_and_without_versions_reads_back_exactly(qwen25, tm
         ("logprobs", lambda row, first: row.__setitem__(first, None), "has logprobs for some tokens only"),
         ("versions", lambda row, first: row.__setitem__(first, -1), "has weight versions for some tokens only"),
         ("mask", lambda row, first: row.__setitem__(first, 2), "mask disagrees with the action segment"),
+        ("segments", lambda row, first: row[1].__setitem__("start", first + 1), r"segment \[\d+, \d+\) does not continue"),
+        ("segments", lambda row, first: row[-1].__setitem__("end", row[-1]["end"] - 1), "segments cover"),
+        ("segments", lambda row, first: row.pop(), "segments cover"),
+        ("segments", lambda row, first: row[1].__setitem__("kind", "tool"), "'tool' is not a valid SegmentKind"),
     ],
     ids=["logprob on a prompt token", "version on a prompt token", "part of an action's logprobs",
-         "part of an action's versions", "a mask value of 2"],
+         "part of an action's versions", "a mask value of 2", "a segment that skips a token",
+         "segments short of the tokens", "a segment dropped", "a kind that is none"],
 )
 def test_a_damaged_row_among_good_ones_is_named(qwen25, tmp_path, column, damage, message):
     """The batch check sees that something is wrong; the row-by-row check then names the row and what."""

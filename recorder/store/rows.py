@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -182,11 +183,15 @@ def decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Traj
     v_arr, v_off = _flat(batch, "versions")
     v_all = v_arr.to_numpy(zero_copy_only=False)
     v_null = batch.column("versions").is_null().to_numpy(zero_copy_only=False)
-    rows = batch.drop_columns(["token_ids", "mask", "logprobs", "versions"]).to_pylist()
-    if _batch_agrees(rows, ids_off, mask_off, lp_off, v_off, mask_all, lp_given, v_all, v_null):
-        yield from _decode_agreed(rows, path, first, ids_all, ids_off, lp_all, lp_given, v_all, v_null)
+    rows = _pylist_rows(batch.drop_columns(["token_ids", "mask", "logprobs", "versions", "segments"]))
+    segs = _FlatSegments.of(batch)
+    agreed = _batch_agrees(segs, ids_off, mask_off, lp_off, v_off, mask_all, lp_given, v_all, v_null)
+    if agreed is not None:
+        yield from _decode_agreed(rows, segs, path, first, ids_all, ids_off, lp_all, v_all, v_null, *agreed)
         return
     # Something disagrees: row by row, segment by segment, to name the row and what is wrong.
+    for row, row_segs in zip(rows, batch.column("segments").to_pylist()):
+        row["segments"] = row_segs
     for r, row in enumerate(rows):
         where = f"{path}: row {first + r}"
         if row["schema_version"] not in READABLE_VERSIONS:
@@ -214,6 +219,13 @@ def decode_batch(batch: pa.RecordBatch, path: Path, first: int) -> Iterator[Traj
 _KINDS = {k.value: k for k in SegmentKind}
 
 
+def _pylist_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    """The batch's rows as dicts, built column by column (pyarrow's row-wise ``to_pylist`` builds
+    every value through a per-row path: a fifth of a read's time went there)."""
+    names = batch.schema.names
+    return [dict(zip(names, values)) for values in zip(*(column.to_pylist() for column in batch.columns))]
+
+
 def _all_or_none(flags: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """Per segment: its tokens' flags are all set or none (an empty segment: both)."""
     counts = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
@@ -221,92 +233,126 @@ def _all_or_none(flags: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.
     return (n == 0) | (n == lens)
 
 
+@dataclass
+class _FlatSegments:
+    """A batch's segments as flat columns (Python lists of ints and kind names) and each row's
+    range in them: no dict per segment, which pyarrow's ``to_pylist`` would build."""
+
+    kinds: list[Any]
+    starts: list[Any]
+    ends: list[Any]
+    turns: list[Any]
+    row_off: np.ndarray
+    is_action: np.ndarray
+
+    @classmethod
+    def of(cls, batch: pa.RecordBatch) -> _FlatSegments:
+        import pyarrow.compute as pc
+
+        flat, row_off = _flat(batch, "segments")
+        field = flat.field  # a StructArray of SEGMENT_TYPE
+        is_action = pc.fill_null(pc.equal(field("kind"), "action"), False).to_numpy(zero_copy_only=False)
+        return cls(
+            field("kind").to_pylist(), field("start").to_pylist(), field("end").to_pylist(), field("turn").to_pylist(),
+            row_off, is_action.astype(bool),
+        )
+
+
 def _batch_agrees(
-    rows: list[dict[str, Any]], ids_off: np.ndarray, mask_off: np.ndarray, lp_off: np.ndarray, v_off: np.ndarray,
+    segs: _FlatSegments, ids_off: np.ndarray, mask_off: np.ndarray, lp_off: np.ndarray, v_off: np.ndarray,
     mask_all: np.ndarray, lp_given: np.ndarray, v_all: np.ndarray, v_null: np.ndarray,
-) -> bool:
+) -> tuple[list[bool], list[bool]] | None:
     """Whether every row of the batch agrees with its segments, checked for the whole batch at once
     (the segments cover the tokens, the mask is 1 exactly on actions, logprobs and weight versions
-    on whole actions only). False: the row-by-row check runs and names what is wrong."""
+    on whole actions only): per segment of the batch, in order, whether it has logprobs and whether
+    it has weight versions. None: the row-by-row check runs and names what is wrong."""
     if not (np.array_equal(ids_off, mask_off) and np.array_equal(ids_off, lp_off)):
-        return False
-    starts: list[int] = []
-    lens: list[int] = []
-    action: list[bool] = []
-    for r, row in enumerate(rows):
-        base, n, pos = int(ids_off[r]), int(ids_off[r + 1] - ids_off[r]), 0
-        for s in row["segments"] or ():
-            start, end, kind = s["start"], s["end"], s["kind"]
-            if start != pos or end < start or end > n or kind not in _KINDS:
-                return False
-            starts.append(base + start)
-            lens.append(end - start)
-            action.append(kind == "action")
-            pos = end
-        if pos != n:
-            return False
-    seg_start, seg_len, is_action = np.array(starts, np.int64), np.array(lens, np.int64), np.array(action, bool)
+        return None
+    if not set(segs.kinds) <= _KINDS.keys() or None in segs.starts or None in segs.ends or None in segs.turns:
+        return None
+    starts, ends = np.array(segs.starts, np.int64), np.array(segs.ends, np.int64)
+    counts = np.diff(segs.row_off)
+    lengths = np.diff(ids_off)
+    has = counts > 0
+    # Each row's segments continue one another from 0 and end at its length; a row without any has no tokens.
+    prev = np.concatenate(([0], ends[:-1]))
+    prev[segs.row_off[:-1][has]] = 0
+    if not ((starts == prev).all() and (ends >= starts).all() and (lengths[~has] == 0).all()):
+        return None
+    if not np.array_equal(ends[segs.row_off[1:][has] - 1], lengths[has]):
+        return None
+    seg_len = ends - starts
+    seg_start = np.repeat(ids_off[:-1].astype(np.int64), counts) + starts
+    is_action = segs.is_action
     on_action = np.repeat(is_action, seg_len)
     if not np.array_equal(mask_all, on_action.astype(mask_all.dtype)) or (lp_given & ~on_action).any():
-        return False
+        return None
     if not _all_or_none(lp_given, seg_start, seg_len)[is_action].all():
-        return False
+        return None
+    whole = is_action & (seg_len > 0)
+    first = np.minimum(seg_start, max(len(lp_given) - 1, 0))  # an empty last segment points past the end
+    with_logprobs = (whole & lp_given[first] if len(lp_given) else whole & False).tolist()
     if v_null.all():
-        return True
+        return with_logprobs, [False] * len(starts)
     if v_null.any() or not np.array_equal(v_off, ids_off):
-        return False  # some rows without versions (an older log's): row by row
+        return None  # some rows without versions (an older log's): row by row
     stamped = v_all >= 0
     if (v_all < -1).any() or (stamped & ~on_action).any():
-        return False
-    return bool(_all_or_none(stamped, seg_start, seg_len)[is_action].all())
+        return None
+    if not _all_or_none(stamped, seg_start, seg_len)[is_action].all():
+        return None
+    return with_logprobs, (whole & stamped[first] if len(stamped) else whole & False).tolist()
 
 
 def _decode_agreed(
-    rows: list[dict[str, Any]], path: Path, first: int, ids_all: np.ndarray, ids_off: np.ndarray, lp_all: np.ndarray,
-    lp_given: np.ndarray, v_all: np.ndarray, v_null: np.ndarray,
+    rows: list[dict[str, Any]], segs: _FlatSegments, path: Path, first: int, ids_all: np.ndarray,
+    ids_off: np.ndarray, lp_all: np.ndarray, v_all: np.ndarray, v_null: np.ndarray, with_logprobs: list[bool],
+    with_versions: list[bool],
 ) -> Iterator[Trajectory]:
     """The rows of a batch :func:`_batch_agrees` passed, as trajectories; what it does not check
     (schema versions, turn rewards, finish reasons, the order of segments) is checked here."""
+    action = SegmentKind.ACTION
+    kinds, starts, ends, turns = segs.kinds, segs.starts, segs.ends, segs.turns
+    row_off = segs.row_off.tolist()
     for r, row in enumerate(rows):
-        where = f"{path}: row {first + r}"
         if row["schema_version"] not in READABLE_VERSIONS:
             raise SchemaVersionError(
-                f"{where}: schema version {row['schema_version']!r}, expected one of {READABLE_VERSIONS}"
+                f"{path}: row {first + r}: schema version {row['schema_version']!r}, expected one of {READABLE_VERSIONS}"
             )
         a, b = int(ids_off[r]), int(ids_off[r + 1])
         ids = ids_all[a:b].astype(np.int64)  # a copy of its own: a kept trajectory does not keep its batch alive
         lp = lp_all[a:b].copy()
         versions = None if v_null[r] else v_all[a:b].copy()
-        for arr in (ids, lp, versions):
-            if arr is not None:
-                arr.setflags(write=False)
+        ids.setflags(write=False)
+        lp.setflags(write=False)
+        if versions is not None:
+            versions.setflags(write=False)
         rewards = row["turn_rewards"] or []
         finish = row.get("finish_reasons")
         try:
             if finish is not None and len(finish) != len(rewards):
                 raise CorruptShardError(f"{len(finish)} finish reasons for {len(rewards)} turn rewards")
-            segs = row["segments"] or []
-            turn0 = segs[0]["turn"] if segs else 0
+            lo, hi = row_off[r], row_off[r + 1]
+            turn0 = turns[lo] if hi > lo else 0
             segments = []
-            for s in segs:
-                kind, start, end, turn = _KINDS[s["kind"]], s["start"], s["end"], s["turn"]
-                if kind is SegmentKind.ACTION:
+            for k in range(lo, hi):
+                kind, start, end, turn = _KINDS[kinds[k]], starts[k], ends[k], turns[k]
+                if kind is action:
                     if not 0 <= turn - turn0 < len(rewards):
                         raise CorruptShardError(f"no turn reward for turn {turn}")
-                    whole = end > start
                     segments.append(trusted_segment(
-                        kind, ids[start:end], turn, lp[start:end] if whole and lp_given[a + start] else None,
-                        rewards[turn - turn0], None if finish is None else finish[turn - turn0],
-                        versions[start:end] if whole and versions is not None and versions[start] >= 0 else None,
+                        kind, ids[start:end], turn, lp[start:end] if with_logprobs[k] else None, rewards[turn - turn0],
+                        None if finish is None else finish[turn - turn0],
+                        versions[start:end] if with_versions[k] else None,
                     ))
                 else:
-                    segments.append(trusted_segment(kind, ids[start:end], turn, None, 0.0, None, None))
+                    segments.append(trusted_segment(kind, ids[start:end], turn))
             images = [load_image_entry(path.parent, e) for e in row.get("images") or ()]
             yield _trajectory(row, segments, images, len(rewards))
         except CorruptShardError as err:
-            raise CorruptShardError(f"{where}: {err}") from None
+            raise CorruptShardError(f"{path}: row {first + r}: {err}") from None
         except ValueError as err:  # the Trajectory checks
-            raise CorruptShardError(f"{where}: not a valid trajectory ({err})") from err
+            raise CorruptShardError(f"{path}: row {first + r}: not a valid trajectory ({err})") from err
 
 
 def _decode_row(

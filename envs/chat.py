@@ -38,7 +38,7 @@ from .packed import PackedList, PackedMessages
 from .plain_copy import plain_copy
 from .render import ChatRenderer, Message, Rendered, TemplateError
 from .stream import TokenStream
-from .step_record import EPISODE_FACTS, RECORD, ClosedBy, ResetRecord, StepRecord, ToolReward
+from .step_record import EPISODE_FACTS, RECORD, ClosedBy, ResetRecord, StepRecord, ToolCall, ToolReward, tool_call
 from .stop_strings import check_stop_strings, ends_with_stop_string
 
 __all__ = ["COMPLETION_BUDGET", "AssistantTurn", "ChatEnv", "EnvResponse", "Prompt", "UnknownOptionWarning", "token_space"]
@@ -460,6 +460,7 @@ class ChatEnv(gym.Env[np.ndarray, np.ndarray]):
             stop_reason=stop_reason,
             context_reset=context_reset,
             tool_rewards=_tool_rewards(turn, extra.get("tool_results")),
+            tool_calls=_tool_calls(extra.get("tool_results")),
             episode_facts={k: plain_copy(extra[k]) for k in EPISODE_FACTS if k in extra},
             images=tuple(step_images),
         )
@@ -720,6 +721,15 @@ def _step_info(record: StepRecord, assistant: Message, response: EnvResponse, ex
         info["context_reset"] = True
     info[RECORD] = record
     return info
+
+
+def _tool_calls(results: Any) -> tuple[ToolCall, ...]:
+    """The turn's calls, in order (``info["tool_results"]`` entries: :meth:`CallRecord.as_dict`)."""
+    return tuple(
+        tool_call(None if r.get("name") is None else str(r["name"]), str(r.get("status")))
+        for r in results or ()
+        if isinstance(r, dict)
+    )
 
 
 def _tool_rewards(turn: int, results: Any) -> tuple[ToolReward, ...]:

@@ -12,6 +12,7 @@ user's keys of ``info`` from it. The recorder and the driver read only the recor
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from .conformance import Conformance
 
-__all__ = ["EPISODE_FACTS", "RECORD", "ResetRecord", "StepRecord", "ToolReward", "reset_record", "step_record"]
+__all__ = ["EPISODE_FACTS", "RECORD", "ResetRecord", "StepRecord", "ToolCall", "ToolReward", "tool_call", "reset_record", "step_record"]
 
 RECORD = "record"
 """The ``info`` key that holds the step's :class:`StepRecord` (the reset's :class:`ResetRecord`)."""
@@ -42,6 +43,24 @@ class ToolReward:
 
     def as_dict(self) -> dict[str, Any]:
         return {"turn": self.turn, "name": self.name, "reward": self.reward}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """What one tool call of a turn's action was and what became of it (its turn is the step's):
+    the trajectory's ``metadata["tool_calls"]``, beside the call's text in the action's tokens and
+    its result in the observation's. Made by :func:`tool_call`, which shares equal records between
+    turns and episodes (an episode in flight keeps a pointer a call, not a record)."""
+
+    name: str | None
+    status: str
+    """``ok``, ``error``, ``timeout``, or why it did not run (``parse_error``, ``unknown_tool``, ...)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def tool_call(name: str | None, status: str) -> ToolCall:
+    """The one :class:`ToolCall` with these fields (shared: records are immutable)."""
+    return ToolCall(name, status)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +98,8 @@ class StepRecord:
     context_reset: bool = False
     """The observation is a whole new context (``history="deploy"``): the recorder starts a new row."""
     tool_rewards: tuple[ToolReward, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
+    """The turn's tool calls, in order (none for envs without tools)."""
     episode_facts: dict[str, Any] = field(default_factory=dict)
     """The response's :data:`EPISODE_FACTS` that it reported (a copy, read it only; a record is
     pickled across processes, so no read-only proxy)."""

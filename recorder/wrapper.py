@@ -17,13 +17,22 @@ import numpy as np
 from gymnasium.error import ResetNeeded
 
 from tokengym.envs.conformance import Conformance, deferred_next, deferred_result
-from tokengym.envs.step_record import StepRecord, ToolReward, reset_record, step_record
+from tokengym.envs.step_record import StepRecord, ToolCall, ToolReward, reset_record, step_record
 from tokengym.envs.stream import TokenStream
 
 from .segments import Segment, SegmentKind, trusted_segment
 from .trajectory import Trajectory
 
 __all__ = ["RecordEpisodes"]
+
+
+def _call_dicts(turns: Sequence[int], calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    """``metadata["tool_calls"]``: each call's turn, its index in the turn, its tool and status."""
+    out: list[dict[str, Any]] = []
+    for turn, call in zip(turns, calls):
+        index = out[-1]["index"] + 1 if out and out[-1]["turn"] == turn else 0
+        out.append({"turn": int(turn), "index": index, "name": call.name, "status": call.status})
+    return out
 
 
 class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]):
@@ -34,7 +43,9 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     context, each with its own turns' actions, logprobs and rewards, marked
     ``metadata["sequence"]`` / ``metadata["sequences"]``; the final step's
     ``info["sequences"]`` lists them all (``info["trajectory"]`` is the last), and
-    ``on_episode`` is called with each.
+    ``on_episode`` is called with each. An episode with tool calls keeps them in its last row's
+    ``metadata["tool_calls"]`` (turn, index, name and status; each call's text is in the
+    action's tokens, its result in the observation's) and the rewards its tools gave in ``metadata["tool_rewards"]``.
 
     Args:
         env: any tokengym env (observations and actions are token ids).
@@ -130,6 +141,8 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         record = reset_record(info)
         self._task = record.task
         self._tool_rewards: list[ToolReward] = []
+        self._tool_calls: list[ToolCall] = []  # shared records; their turns beside them
+        self._call_turns = array("i")
         self._images = list(record.images)
         return obs, info
 
@@ -178,6 +191,9 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         self._finish.append(None if finish_reason is None else str(finish_reason))
         self._images.extend(record.images)
         self._tool_rewards.extend(record.tool_rewards)
+        if record.tool_calls:
+            self._call_turns.extend([turn] * len(record.tool_calls))
+            self._tool_calls.extend(record.tool_calls)
         if ended is not None:  # history="deploy": the next context is not an extension of this one; a new row
             row = self._trajectory(ended, record, False, False, "context_reset")
             row.conformance.append(record.conformance.as_dict())
@@ -271,6 +287,8 @@ class RecordEpisodes(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         metadata.update(record.episode_facts)  # what the env says of the episode so far, on its step
         if self._tool_rewards and stop_reason != "context_reset":  # episode-level: on the last row
             metadata["tool_rewards"] = [r.as_dict() for r in self._tool_rewards]
+        if self._tool_calls and stop_reason != "context_reset":
+            metadata["tool_calls"] = _call_dicts(self._call_turns, self._tool_calls)
         traj = Trajectory(
             segments=self._segments_of(stream),
             env_id=spec.id if spec is not None else type(self.env.unwrapped).__name__,

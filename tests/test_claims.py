@@ -17,8 +17,16 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "guide.md")
+"""What docs/claims.md holds: the README's first screen and the guide it leads to."""
+
+
+def _documents_text() -> str:
+    return "\n\n".join(p.read_text(encoding="utf-8") for p in DOCUMENTS)
+
+
 def _readme() -> str:
-    return re.sub(r"\s+", " ", (ROOT / "README.md").read_text(encoding="utf-8"))
+    return re.sub(r"\s+", " ", _documents_text())
 
 
 def _notebook_text(name: str) -> str:
@@ -298,7 +306,7 @@ def test_every_quote_of_the_claims_table_is_in_the_readme():
 
 def test_every_readme_sentence_with_a_number_has_a_row():
     quotes = [quote for quote, _ in claims_rows()]
-    sentences = readme_claim_sentences((ROOT / "README.md").read_text(encoding="utf-8"))
+    sentences = readme_claim_sentences(_documents_text())
     assert len(sentences) > 30
     bare = [s for s in sentences if not any(q in s for q in quotes)]
     assert not bare, "README sentences with a number that docs/claims.md does not hold:\n" + "\n".join(bare)

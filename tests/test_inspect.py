@@ -30,6 +30,7 @@ from tokengym.recorder.views import (
     view,
 )
 from tokengym.recorder.store import MANIFEST_NAME, StoreError, shard_paths
+from tests.viewer_stores import calculator_script
 
 BADGE_RE = re.compile(r"⟦turn \d+ · reward [^⟧]*⟧")
 PAINTED_RE = re.compile(r"\x1b\[([0-9;]+)m(.*?)\x1b\[0m", re.DOTALL)
@@ -374,27 +375,6 @@ def test_cli_tokenizer_choice(qwen25, qwen3, capsys, tmp_path):
 
 
 # ------------------------------------------------------------------ HTML report
-def calculator_script(renderer):
-    """A policy that plays Calculator from the question's text: it calls the tool on problems whose
-    first number is even and answers with the result; on the others it guesses a sum at once.
-    Episodes of one and two turns, right and wrong answers: a store worth a histogram."""
-
-    def act(context):
-        text = renderer.decode(context)
-        if "<tool_response>" in text:
-            result = text.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>", 1)[0]
-            return renderer.assistant({"role": "assistant", "content": f"<answer>{result}</answer>"}).ids
-        question = text.rsplit("<|im_start|>user\n", 1)[1]
-        a, b = (int(x) for x in re.findall(r"\d+", question)[:2])
-        if a % 2:
-            return renderer.assistant({"role": "assistant", "content": f"<answer>{a + b}</answer>"}).ids
-        op = "-" if "left" in question else "*" if ("box" in question or "each" in question) else "+"
-        call = {"type": "function", "function": {"name": "calculate", "arguments": {"expression": f"{a} {op} {b}"}}}
-        return renderer.assistant({"role": "assistant", "content": "", "tool_calls": [call]}).ids
-
-    return act
-
-
 @pytest.fixture(scope="module")
 def rollout_store(qwen25, tmp_path_factory):
     """A store written by a real rollout: the Calculator env, its real tool, the real Qwen2.5 template."""

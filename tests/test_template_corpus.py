@@ -155,18 +155,22 @@ def test_each_templates_row_is_what_the_template_does_now(name, templates):
     )
 
 
-def test_the_readme_quotes_the_pages_counts():
+GUIDE = PAGE.parent / "guide.md"
+
+
+def test_the_guide_quotes_the_pages_counts():
     page = PAGE.read_text(encoding="utf-8")
     (counts,) = [line for line in page.splitlines() if line.startswith("**") and " work**" in line]
-    readme = (PAGE.parents[1] / "README.md").read_text(encoding="utf-8")
-    assert counts.rstrip(":") + "." in " ".join(readme.split()), "README's template counts differ from docs/templates.md"
+    guide = GUIDE.read_text(encoding="utf-8")
+    assert counts.rstrip(":") + "." in " ".join(guide.split()), "docs/guide.md's template counts differ from docs/templates.md"
 
 
-def test_the_readmes_family_table_is_the_pages():
+def test_the_guides_family_table_is_the_pages():
     rows = [tm.Row.from_cells(c) for c in _committed().values()]
-    readme = (PAGE.parents[1] / "README.md").read_text(encoding="utf-8")
-    assert tm.with_family_table(readme, rows) == readme, (
-        "README's family table differs from docs/templates.md; run python -m tokengym.envs.template_matrix --readme README.md"
+    guide = GUIDE.read_text(encoding="utf-8")
+    assert tm.with_family_table(guide, rows) == guide, (
+        "docs/guide.md's family table differs from docs/templates.md; "
+        "run python -m tokengym.envs.template_matrix --readme docs/guide.md"
     )
     lines = tm.family_table(rows).splitlines()[2:]
     listed = [n for line in lines for n in re.sub(r" \([^)]*\)", "", line.split(" | ")[1]).split(", ")]

@@ -8,7 +8,7 @@ failed, 130 stopped by Ctrl-C or SIGTERM, 2 refused or bad arguments, 1 the run 
 on; see :data:`ROLLOUT_EXIT_CODES`).
 
 ``main`` builds the parser (``parser.py``); each subcommand lives in its own module: ``rollout``,
-``demo``, ``check_template`` (and ``fetch-tokenizers``), ``list_envs`` and ``inspect_store``.
+``demo``, ``check_template`` (and ``fetch-tokenizers``), ``list_envs``, ``inspect_store`` and ``view``.
 """
 
 from .parser import build_parser, main

@@ -176,9 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .inspect_store import add_inspect_parser
     from .sandbox import add_sandbox_parser
+    from .view import add_view_parser
 
     add_inspect_parser(sub)
     add_sandbox_parser(sub)
+    add_view_parser(sub)
 
     e = sub.add_parser(
         "envs", help="list the registered environments",

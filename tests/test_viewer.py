@@ -203,3 +203,40 @@ def test_the_command_prints_where_it_serves_and_refuses_a_folder_without_a_store
     done = subprocess.run([sys.executable, "-m", "tokengym.recorder.cli", "view", str(tmp_path / "nothing")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no trajectory store" in done.stderr
+
+
+def test_the_list_reads_only_the_small_columns_and_an_episode_only_its_row(stores, monkeypatch):
+    """A store of any size lists in pages: building the index asks for no token ids, masks or
+    logprobs, and opening an episode reads its own row (its row group or log record) alone."""
+    import pyarrow.parquet as pq
+
+    from tokengym.recorder.store import rows as store_rows
+    from tokengym.recorder.viewer import catalog, episode
+
+    asked: list[list[str]] = []
+    real = catalog.store_batches
+
+    def spy(directory, tokenizer, chat_template, columns, batch_size):
+        asked.append(list(columns))
+        return real(directory, tokenizer, chat_template, columns, batch_size)
+
+    monkeypatch.setattr(catalog, "store_batches", spy)
+    viewer = Viewer(stores / "calc")
+    index = viewer.run(None).index()
+    assert len(index) == 12 and asked and not {"token_ids", "mask", "logprobs", "versions"} & set(sum(asked, []))
+    read: list[str] = []
+    real_group = pq.ParquetFile.read_row_group
+
+    def one_group(self, i, *args, **kwargs):
+        read.append(f"row group {i}")
+        return real_group(self, i, *args, **kwargs)
+
+    def decode(batch, path, first):
+        read.append(f"{batch.num_rows} row of {path.name} from {first}")
+        return store_rows.decode_batch(batch, path, first)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", one_group)
+    monkeypatch.setattr(episode, "decode_batch", decode)
+    traj = viewer.trajectory(viewer.run(None), 7)
+    assert read == ["row group 0", "1 row of part-00001.parquet from 2"]  # shards of 5: row 7 is the second's third
+    assert traj.to_dict() == list(read_trajectories(stores / "calc"))[7].to_dict()

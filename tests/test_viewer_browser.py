@@ -155,6 +155,8 @@ def test_images_stand_where_their_tokens_are(server, page):
     before = img.evaluate("e => e.previousSibling.textContent")
     assert before == "<|vision_start|>"
     assert "another fingerprint" in page.inner_text("section.episode")  # qwen3 decodes it, with Qwen3.5's template
+    img.scroll_into_view_if_needed()
+    shot(page, "images")
     assert not page.errors, page.errors
 
 

@@ -424,6 +424,36 @@ def _known(
     )
 
 
+def _without_opening(
+    renderer: ChatRenderer,
+    whole: Any,
+    messages: Sequence[Message],
+    tools: Sequence[Any] | None,
+    final: bool,
+    remember: bool,
+    classify: Callable[[str, Sequence[Message]], Conformance | None],
+) -> Conformance | None:
+    """:func:`check_conformance`'s classification of ``messages`` with the assistant turns' opening
+    (:attr:`ChatRenderer.assistant_opening`) taken off the front of their content; ``None`` when no
+    turn starts with it or the template refuses that form."""
+    opening = renderer.assistant_opening
+    if not opening:
+        return None
+    stripped = [
+        {**m, "content": m["content"][len(opening) :]}
+        if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"].startswith(opening)
+        else m
+        for m in messages
+    ]
+    if all(a is b for a, b in zip(stripped, messages)):
+        return None
+    try:
+        expected = whole.render(stripped, tools, add_generation_prompt=not final, keep=remember)
+    except TemplateError:
+        return None
+    return classify(expected, stripped)
+
+
 def _locate(pieces: Sequence[Piece], char: int, decode: Callable[[Sequence[int]], str]) -> tuple[int, int, int]:
     """(piece index, token index in the stream, token index in the piece) of a character offset."""
     pos = 0
@@ -508,6 +538,10 @@ def check_conformance(
         if _matches(_squeeze(actual, controls), _squeeze(expected, controls), final, ends):
             turns = tuple(sorted({p.turn for p in pieces if p.kind == "action" and p.text != _squeeze(p.text, controls)} or {turn}))
             return known((KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN,), turns)
+        if dropped is not None and _matches(_squeeze("".join(dropped[1]), controls), _squeeze(expected, controls), final, ends):
+            # Both at once: the prompt's text that history drops, and whitespace the template moves
+            # next to a control token (Apriel 1.6: its reasoning preamble, and a line break before `<|end|>`).
+            return known((KnownBehaviour.EMPTY_THINK_DROPPED, KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN), dropped[0])
         moved = _moved_opening(renderer, rendered_messages, tools, final)
         if moved is not None:
             conf = known((KnownBehaviour.SYSTEM_MOVED,), (turn,))
@@ -529,6 +563,12 @@ def check_conformance(
             found = classify(whole.render(replaced, tools, add_generation_prompt=not final, keep=remember), replaced)
         except TemplateError:
             found = None
+    if found is None:
+        # The model writes the assistant turn's opening itself (Solar's `<|content|>`, functionary's
+        # recipient `all\n`, muse-glimmer's ` to=user<|message|>`) and the template writes it again
+        # before the content: rendered as a server hands the turn back (its content without the
+        # opening), the conversation may be the stream.
+        found = _without_opening(renderer, whole, rendered_messages, tools, final, remember, classify)
     if found is not None:
         return found
 

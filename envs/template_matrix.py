@@ -30,6 +30,7 @@ from .template_corpus import (
     TEMPLATE_CORPUS,
     corpus_templates,
     corpus_tokenizer,
+    pairing_of,
 )
 from .template_inputs import TemplateError
 
@@ -223,7 +224,7 @@ def matrix_row(name: str, template: str | None = None) -> Row:
     from .builtin import CalculatorEnv
     from .function_tools import expand_tools
 
-    pairing = PAIRINGS[name]
+    pairing = pairing_of(name)
     tokenizer, added = corpus_tokenizer(name, template)
     kwargs = dict(pairing.template_kwargs)
     with warnings.catch_warnings(record=True) as caught:

@@ -123,6 +123,7 @@ def test_cli_fetch_templates_lists_the_corpus(templates, capsys):
     assert main(["fetch-templates"]) == 0
     out = capsys.readouterr().out
     assert f"{tc.TEMPLATE_CORPUS.spec}: 70 chat templates" in out
+    assert f"{tc.VLLM_EXAMPLES.spec}: 35 chat templates" in out and "  tool_chat_template_deepseekv3" in out
     assert "  openai-gpt-oss-120b\n" in out and "  GLM-4.6\n" in out
 
 
@@ -209,3 +210,79 @@ def test_a_template_that_mutates_a_list_is_refused_naming_the_sandbox():
     tok, _ = tc.corpus_tokenizer("Kimi-K2-Instruct")
     with pytest.raises(TemplateError, match=r"line 41 of the template: SecurityError.*immutable sandbox.*vLLM"):
         CalculatorEnv(tok)
+
+
+# ------------------------------------------------------ vLLM's templates that are not prefix-stable
+VLLM_NOT_PREFIX_STABLE = {
+    # vLLM's example tool templates that its docs pass with --chat-template, and what they do:
+    # DeepSeek V3's writes no generation prompt (the user's turn ends with <｜Assistant｜>) and indents
+    # each turn, R1's drops earlier reasoning, Mistral's parallel one moves its tool instruction into
+    # the last user message.
+    "vllm/tool_chat_template_deepseekv3": "named: whitespace_around_control_token",
+    "vllm/tool_chat_template_deepseekr1": "ok",
+    "vllm/tool_chat_template_mistral_parallel": "named: system_moved",
+}
+
+
+def test_vllms_example_templates_are_fetched_pinned():
+    found = tc.vllm_templates()
+    assert len(found) == tc.VLLM_EXAMPLES.count == 35
+    assert {n.removeprefix("vllm/") for n in tc.VLLM_PAIRINGS} <= set(found)
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_NOT_PREFIX_STABLE))
+def test_vllms_tool_templates_build_run_calls_and_name_every_difference(name):
+    row = tm.matrix_row(name)
+    assert (row.build, row.call) == ("yes", "yes"), row
+    assert row.tool_law == VLLM_NOT_PREFIX_STABLE[name] and row.chat_law in ("ok", row.tool_law), row
+    assert row.deploy.startswith("ok"), row
+
+
+def test_check_template_on_vllms_deepseek_v3_template_names_its_whitespace(tmp_path, capsys):
+    """The empty generation prompt: the assistant's tag that ends the user's turn opens the
+    assistant's; the indentation the template writes there in history is named, exit 1."""
+    template = tmp_path / "t.jinja"
+    template.write_text(tc.template_text("vllm/tool_chat_template_deepseekv3"), encoding="utf-8")
+    conversation = tmp_path / "c.json"
+    import json
+
+    conversation.write_text(json.dumps({"messages": tm.CHAT}), encoding="utf-8")
+    code = main(["check-template", "deepseek_v3", "--conversation", str(conversation), "--chat-template", str(template)])
+    out = capsys.readouterr().out
+    assert code == 1 and "whitespace_around_control_token" in out and ", 0 mismatch" in out, out
+
+
+def test_a_template_that_writes_calls_but_not_the_tools_says_where_they_go():
+    """DeepSeek V3.1's own template renders tool calls but never the tool schemas; its model card
+    puts them in the system message: the refusal says so, and the opt-out builds the env."""
+    from tokengym.envs import CalculatorEnv
+    from tokengym.envs.template_inputs import TemplateError
+
+    tok, _ = tc.corpus_tokenizer("deepseek-ai-DeepSeek-V3.1")
+    with pytest.raises(TemplateError, match=r"in the system message\), in your own system message, and pass "
+                       r"require_tools_in_prompt=False") as err:
+        CalculatorEnv(tok).reset(seed=0)
+    assert "another format than the model was trained on" in str(err.value)
+    env = CalculatorEnv(tok, require_tools_in_prompt=False)
+    obs, _ = env.reset(seed=0)
+    assert len(obs) > 0
+
+
+@pytest.mark.parametrize("name", ["upstage-Solar-Open-100B", "meetkai-functionary-medium-v3.2", "muse-glimmer"])
+def test_an_opening_the_model_writes_is_compared_once(name):
+    """Templates whose assistant turn opens with text the model writes (Solar's `<|content|>`,
+    functionary's recipient `all\\n`, muse-glimmer's ` to=user<|message|>`) render it again before a
+    message's content: the conversation is compared as a server hands the turn back, without it."""
+    from tokengym.envs import ChatRenderer
+
+    tok, _ = tc.corpus_tokenizer(name)
+    opening = ChatRenderer(tok).assistant_opening
+    assert opening and opening.strip()
+    assert tm._law(tok, tm.CHAT, None, {}) == "ok"
+
+
+def test_a_dropped_prompt_preamble_and_moved_whitespace_are_named_together():
+    """Apriel 1.6's generation prompt ends with a preamble history never shows, and its history puts a
+    line break before `<|end|>`: both differences at once, each named."""
+    tok, _ = tc.corpus_tokenizer("Apriel-1.6-15b-Thinker-fixed")
+    assert tm._law(tok, tm.CHAT, None, {}) == "named: empty_think_dropped, whitespace_around_control_token"

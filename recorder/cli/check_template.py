@@ -93,11 +93,13 @@ def cmd_fetch_tokenizers(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch_templates(args: argparse.Namespace) -> int:
-    from tokengym.envs.template_corpus import TEMPLATE_CORPUS, fetch_templates
+    """The pinned corpus (``--archive``: a local copy of its sdist), then vLLM's example templates."""
+    from tokengym.envs.template_corpus import TEMPLATE_CORPUS, VLLM_EXAMPLES, fetch_templates
 
-    folder = fetch_templates(archive=args.archive, force=args.force)
-    names = sorted(p.stem for p in folder.glob("*.jinja"))
-    print(f"{TEMPLATE_CORPUS.spec}: {len(names)} chat templates in {folder}")
-    for name in names:
-        print(f"  {name}")
+    for pin, archive in ((TEMPLATE_CORPUS, args.archive), (VLLM_EXAMPLES, getattr(args, "vllm_archive", None))):
+        folder = fetch_templates(archive=archive, force=args.force, pin=pin)
+        names = sorted(p.stem for p in folder.glob("*.jinja"))
+        print(f"{pin.spec}: {len(names)} chat templates in {folder}")
+        for name in names:
+            print(f"  {name}")
     return 0

@@ -81,9 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser(
         "fetch-templates", help="fetch the pinned corpus of the models' own chat templates into the cache",
         description="Fetch the chat templates of seventy models (the llama-cpp-python sdist's "
-        "vendor/llama.cpp/models/templates, sha256-checked) into the cache, and list them.",
+        "vendor/llama.cpp/models/templates, sha256-checked) and vLLM's example templates (the vllm 0.32.0 sdist's "
+        "examples/, among them its tool templates) into the cache, and list them.",
     )
     t.add_argument("--archive", help="a local copy of the pinned sdist to extract instead of downloading it")
+    t.add_argument("--vllm-archive", help="a local copy of the pinned vLLM sdist (its example templates) to extract")
     t.add_argument("--force", action="store_true", help="extract again even when a verified copy is cached")
     t.set_defaults(func=cmd_fetch_templates)
 

@@ -559,10 +559,16 @@ def check_conformance(
         # The template renders the turns as text without raising, but not as the model wrote them
         # (Gemma 4 places tool results inside the turn with calls): render them as a server would.
         replaced = [structured.get(i, m) for i, m in enumerate(messages)]
-        try:
-            found = classify(whole.render(replaced, tools, add_generation_prompt=not final, keep=remember), replaced)
-        except TemplateError:
-            found = None
+        # A turn with calls goes back with content null; a template that reads it as text (vLLM's
+        # DeepSeek R1 tool template: `'</think>' in content`) is given an empty string instead.
+        empty = [{**m, "content": ""} if m.get("tool_calls") and m.get("content") is None else m for m in replaced]
+        for form in (replaced, empty) if empty != replaced else (replaced,):
+            try:
+                found = classify(whole.render(form, tools, add_generation_prompt=not final, keep=remember), form)
+            except TemplateError:
+                found = None
+            if found is not None:
+                break
     if found is None:
         # The model writes the assistant turn's opening itself (Solar's `<|content|>`, functionary's
         # recipient `all\n`, muse-glimmer's ` to=user<|message|>`) and the template writes it again

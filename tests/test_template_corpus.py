@@ -238,18 +238,34 @@ def test_vllms_tool_templates_build_run_calls_and_name_every_difference(name):
     assert row.deploy.startswith("ok"), row
 
 
-def test_check_template_on_vllms_deepseek_v3_template_names_its_whitespace(tmp_path, capsys):
-    """The empty generation prompt: the assistant's tag that ends the user's turn opens the
-    assistant's; the indentation the template writes there in history is named, exit 1."""
-    template = tmp_path / "t.jinja"
-    template.write_text(tc.template_text("vllm/tool_chat_template_deepseekv3"), encoding="utf-8")
-    conversation = tmp_path / "c.json"
+EXAMPLE = Path(__file__).resolve().parents[1] / "envs" / "data" / "example_transcript.json"
+
+
+@pytest.mark.parametrize(
+    ("name", "tokenizer", "conversation", "code", "named"),
+    [
+        # No generation prompt: the assistant's tag that ends the user's turn opens the assistant's,
+        # and the indentation the template writes there in history is named.
+        ("vllm/tool_chat_template_deepseekv3", "deepseek_v3", "chat", 1, "whitespace_around_control_token"),
+        ("vllm/tool_chat_template_deepseekv3", "deepseek_v3", "example", 1, "whitespace_around_control_token"),
+        # Parallel calls and several results: the turns with calls go back as a server hands them.
+        ("vllm/tool_chat_template_deepseekr1", "deepseek_v3", "example", 0, None),
+        ("vllm/tool_chat_template_mistral_parallel", "mistral_nemo", "tool", 1, "system_moved"),
+    ],
+)
+def test_check_template_on_vllms_tool_templates_names_every_difference(name, tokenizer, conversation, code, named, tmp_path, capsys):
     import json
 
-    conversation.write_text(json.dumps({"messages": tm.CHAT}), encoding="utf-8")
-    code = main(["check-template", "deepseek_v3", "--conversation", str(conversation), "--chat-template", str(template)])
+    template = tmp_path / "t.jinja"
+    template.write_text(tc.template_text(name), encoding="utf-8")
+    path = EXAMPLE
+    if conversation != "example":
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps({"messages": tm.CHAT if conversation == "chat" else tm.TOOL_CHAT}), encoding="utf-8")
+    got = main(["check-template", tokenizer, "--conversation", str(path), "--chat-template", str(template)])
     out = capsys.readouterr().out
-    assert code == 1 and "whitespace_around_control_token" in out and ", 0 mismatch" in out, out
+    assert got == code and ", 0 mismatch" in out, out
+    assert named is None or named in out
 
 
 def test_a_template_that_writes_calls_but_not_the_tools_says_where_they_go():

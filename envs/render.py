@@ -189,8 +189,10 @@ def _user_turn_close(prefix: str, text: str) -> int | None:
     the user's content in ``prefix`` (``[user]`` with an empty generation prompt), found after the
     same content in ``text``; ``None`` when the template writes no such text."""
     at = prefix.rfind(SENTINEL_USER)
+    if at < 0:
+        return None
     close = prefix[at + len(SENTINEL_USER) :].strip()
-    if at < 0 or not close:
+    if not close:
         return None
     found = text.find(close, text.find(SENTINEL_USER) + len(SENTINEL_USER))
     return None if found < 0 else found + len(close)

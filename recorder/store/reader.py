@@ -118,17 +118,22 @@ def _shard_sources(snap: _Snapshot) -> Iterator[tuple[pq.ParquetFile, ShardInfo]
     snap.want = want
 
 
+def log_table(log: Log, rows: list[dict[str, Any]] | None = None) -> pa.Table:
+    """A log's records (or ``rows`` of them) as a table of the schema, with a shard's metadata."""
+    name, fingerprint = str(log.meta.get("tokenizer_name")), str(log.meta.get("tokenizer_hash"))
+    meta = {METADATA_KEY: json.dumps({"schema_version": SCHEMA_VERSION, "tokenizer_name": name, "tokenizer_hash": fingerprint}).encode()}
+    try:
+        return rows_table(log.rows if rows is None else rows, name, fingerprint, meta)
+    except (pa.ArrowException, ValueError, KeyError, TypeError) as err:
+        raise CorruptShardError(f"{log.path}: a record does not fit the schema ({err})") from err
+
+
 def _log_tables(snap: _Snapshot) -> Iterator[tuple[pa.Table, Path]]:
     for log in snap.logs:
         name, fingerprint = str(log.meta.get("tokenizer_name")), str(log.meta.get("tokenizer_hash"))
         if snap.want is not None and fingerprint != snap.want[1]:
             raise tokenizer_mismatch(log.path, name, fingerprint, *snap.want)
-        meta = {METADATA_KEY: json.dumps({"schema_version": SCHEMA_VERSION, "tokenizer_name": name, "tokenizer_hash": fingerprint}).encode()}
-        try:
-            table = rows_table(log.rows, name, fingerprint, meta)
-        except (pa.ArrowException, ValueError, KeyError, TypeError) as err:
-            raise CorruptShardError(f"{log.path}: a record does not fit the schema ({err})") from err
-        yield table, log.path
+        yield log_table(log), log.path
 
 
 def store_batches(

@@ -10,19 +10,16 @@ A huge episode is sent a window of tokens at a time.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-
 from ..segments import SegmentKind
 from ..store.episode_log import read_log
-from ..store.errors import CorruptShardError
 from ..store.manifest import open_shard
-from ..store.rows import decode_batch, rows_table
-from ..store.schema import METADATA_KEY, SCHEMA, SCHEMA_VERSION, upgrade_batch
+from ..store.reader import log_table
+from ..store.rows import decode_batch
+from ..store.schema import SCHEMA, upgrade_batch
 from ..trajectory import Trajectory
 from ..views import episode_notes
 
@@ -63,13 +60,7 @@ def read_episode(store: Path, file_name: str, row: int) -> Trajectory:
         log = read_log(path)
         if row >= len(log.rows):
             raise IndexError(f"{path}: no row {row} (it holds {len(log.rows)})")
-        name, fingerprint = str(log.meta.get("tokenizer_name")), str(log.meta.get("tokenizer_hash"))
-        meta = {METADATA_KEY: json.dumps({"schema_version": SCHEMA_VERSION, "tokenizer_name": name,
-                                          "tokenizer_hash": fingerprint}).encode()}
-        try:
-            batch = rows_table([log.rows[row]], name, fingerprint, meta).to_batches()[0]
-        except (pa.ArrowException, ValueError, KeyError, TypeError) as err:
-            raise CorruptShardError(f"{path}: a record does not fit the schema ({err})") from err
+        batch = log_table(log, [log.rows[row]]).to_batches()[0]
     return next(decode_batch(batch, path, row))
 
 
@@ -133,9 +124,10 @@ def episode_json(traj: Trajectory, tok: Any, index: int, start: int = 0, limit: 
     end = min(n, start + limit)
     ids, mask = traj.token_ids, traj.mask
     lp = traj.logprobs
-    kinds = np.empty(n, dtype=object)
+    kinds = np.empty(n, dtype=object)  # only the window's (and its image runs') entries are read
     for seg in _segment_rows(traj):
-        kinds[seg["start"] : seg["end"]] = seg["kind"]
+        if seg["end"] > start and seg["start"] < end + WINDOW:
+            kinds[seg["start"] : seg["end"]] = seg["kind"]
     images = sorted(traj.images, key=lambda im: im.offset)
     runs = [(im.offset, im.offset + im.num_tokens, im) for im in images]
     # The window's spans of text, the image runs between them; an image run is never cut by the window.

@@ -63,6 +63,7 @@ class Viewer:
         self.tokenizer_spec = tokenizer
         self._episodes: OrderedDict[tuple[str, int], Trajectory] = OrderedDict()
         self._lock = threading.Lock()
+        self._decoders: dict[tuple[str, str | None], tuple[Any, str | None]] = {}
 
     def _name(self, path: Path) -> str:
         rel = path.relative_to(self.root).as_posix()
@@ -124,7 +125,18 @@ class Viewer:
         return traj
 
     def decoder(self, run: Run) -> tuple[Any, str | None]:
-        """(tokenizer, warning) for a run: ``--tokenizer``, else the store's pinned or packaged name."""
+        """(tokenizer, warning) for a run: ``--tokenizer``, else the store's pinned or packaged name;
+        worked out once per run and tokenizer (loading and fingerprinting take a second or two)."""
+        key = (run.name, self.tokenizer_spec)
+        with self._lock:
+            known = self._decoders.get(key)
+        if known is None:
+            known = self._find_decoder(run)
+            with self._lock:
+                self._decoders[key] = known
+        return known
+
+    def _find_decoder(self, run: Run) -> tuple[Any, str | None]:
         from tokengym.envs.tokenizers import is_offline_name
 
         from ..store import tokenizer_fingerprint

@@ -450,6 +450,7 @@ def _child(code: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.alone  # a wall-clock bound: on a loaded machine the engine's exec and removal ran past it
 def test_ctrl_c_removes_the_container(engine):
     proc = _child(
         """

@@ -140,8 +140,10 @@ def test_finish_lets_turns_in_flight_end_on_the_old_weights_and_holds_new_ones(h
         policy.update_weights(new.state_dict(), on_update="finish")
         done.set()
 
+    asked = policy._decoder.updates_asked
     updater = threading.Thread(target=update)
     updater.start()
+    wait_for(lambda: policy._decoder.updates_asked > asked)  # the update is queued before the new turn comes
     late = policy._decoder.submit([5, 6, 7], SamplingParams(max_tokens=4, seed=1))  # a new turn: it waits
     gen = future.result()
     updater.join(30)

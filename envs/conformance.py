@@ -85,6 +85,10 @@ class KnownBehaviour(str, Enum):
     """The template writes another end-of-turn token for a turn once a message follows it than the
     model ends it with (gpt-oss: a final answer ends with ``<|return|>``, which the history shows as
     ``<|end|>``)."""
+    TOOL_RESULT_END_DROPPED = "tool_result_end_dropped"
+    """The template drops the end-of-turn token after a tool result once a message follows it
+    (Bielik 11B v3: its loop reads ``messages[loop.index0 + 1]`` over a slice that skips the system
+    message, so it takes the tool message itself for the next one); the policy was shown it."""
 
 
 CAUSES: dict[str, str] = {
@@ -95,6 +99,7 @@ CAUSES: dict[str, str] = {
     KnownBehaviour.SYSTEM_MOVED.value: "the system prompt or the tools move to the last user message (or vanish after it)",
     KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN.value: "whitespace next to a control token is stripped or added",
     KnownBehaviour.TURN_END_REWRITTEN.value: "the end-of-turn token a model writes is another one once a message follows",
+    KnownBehaviour.TOOL_RESULT_END_DROPPED.value: "the end-of-turn token after a tool result is dropped once a message follows",
 }
 """Why a template is not prefix-stable, in words, per :class:`KnownBehaviour` value."""
 
@@ -209,6 +214,24 @@ def _rewritten_ends(renderer: ChatRenderer, pieces: Sequence[Piece], final: bool
             out[i] = dataclasses.replace(p, text=p.text[: -len(sampled)] + written)
             turns.add(p.turn)
     return out, tuple(sorted(turns))
+
+
+def _tool_result_ends_dropped(pieces: Sequence[Piece], ends: Sequence[str]) -> tuple[list[str], tuple[int, ...]]:
+    """The stream's texts with the first end-of-turn text (and a line break after it) cut from each
+    tool-result observation that an action follows, and the turns this changed."""
+    last_action = max((i for i, p in enumerate(pieces) if p.kind == "action"), default=-1)
+    texts, turns = [p.text for p in pieces], set()
+    for i, p in enumerate(pieces[:last_action]):
+        if p.kind != "observation" or p.has_user:
+            continue
+        for end in ends:
+            at = p.text.find(end)
+            if at >= 0:
+                cut = at + len(end) + (p.text.startswith("\n", at + len(end)))
+                texts[i] = p.text[:at] + p.text[cut:]
+                turns.add(p.turn)
+                break
+    return texts, tuple(sorted(turns))
 
 
 def _split_think(text: str) -> tuple[str, str]:
@@ -538,6 +561,17 @@ def check_conformance(
         if _matches(_squeeze(actual, controls), _squeeze(expected, controls), final, ends):
             turns = tuple(sorted({p.turn for p in pieces if p.kind == "action" and p.text != _squeeze(p.text, controls)} or {turn}))
             return known((KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN,), turns)
+        cut, cut_turns = _tool_result_ends_dropped(pieces, ends)
+        if cut_turns:
+            if _matches("".join(cut), expected, final, ends):
+                return known((KnownBehaviour.TOOL_RESULT_END_DROPPED,), cut_turns)
+            if _matches(_squeeze("".join(cut), controls), _squeeze(expected, controls), final, ends):
+                # Bielik 11B v3 also strips the line break it writes before a call in history.
+                moved = {p.turn for p in pieces if p.kind == "action" and p.text != _squeeze(p.text, controls)}
+                return known(
+                    (KnownBehaviour.TOOL_RESULT_END_DROPPED, KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN),
+                    tuple(sorted({*cut_turns, *moved})),
+                )
         if dropped is not None and _matches(_squeeze("".join(dropped[1]), controls), _squeeze(expected, controls), final, ends):
             # Both at once: the prompt's text that history drops, and whitespace the template moves
             # next to a control token (Apriel 1.6: its reasoning preamble, and a line break before `<|end|>`).

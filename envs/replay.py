@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from os import PathLike
@@ -167,6 +168,19 @@ def _message_error(index: int, message: Mapping[str, Any], text: str) -> Templat
     return err
 
 
+def _fix_for(message: Message, err: TemplateError) -> str:
+    """What to change in a transcript message the template refuses: its call ids when the error
+    is about ids (Mistral's templates take 9 letters or digits), else its keys and values."""
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    ids = [str(c["id"]) for c in calls or () if isinstance(c, dict) and c.get("id") is not None]
+    if ids and re.search(r"\bids?\b", str(err), re.IGNORECASE):
+        return (
+            f"the template refuses its call ids ({', '.join(ids)}): give the transcript's calls, and the tool "
+            "results that answer them, ids of the form the template takes (Mistral's: 9 letters or digits, as a1b2c3d4e)"
+        )
+    return "check its keys and values against what the template reads"
+
+
 class ReplayEnv(ChatEnv):
     """Plays back a transcript: the prompt is everything before the first assistant message;
     each step answers with the messages that follow the next assistant message.
@@ -246,10 +260,7 @@ class ReplayEnv(ChatEnv):
             try:
                 self.renderer.render_text(msgs[: k + 1], tools, add_generation_prompt=False)
             except TemplateError:
-                return _message_error(
-                    k, msgs[k], f"{err}; the template fails once this message is added: check its keys and values "
-                    "against what the template reads"
-                )
+                return _message_error(k, msgs[k], f"{err}; the template fails once this message is added: {_fix_for(msgs[k], err)}")
         if not span:
             return TemplateError(f"the transcript: {err}")
         where = f"messages {span.start}-{span.stop - 1}" if len(span) > 1 else f"message {span.start}"

@@ -268,6 +268,18 @@ def test_check_template_on_vllms_tool_templates_names_every_difference(name, tok
     assert named is None or named in out
 
 
+def test_call_ids_a_template_refuses_are_named_with_the_form_it_takes(tmp_path, capsys):
+    """Mistral's parallel-call template raises on the example transcript's ids (`call_1`): the
+    transcript cannot be used as it is (exit 2), and the error says which ids and what form fixes it."""
+    template = tmp_path / "t.jinja"
+    template.write_text(tc.template_text("vllm/tool_chat_template_mistral_parallel"), encoding="utf-8")
+    got = main(["check-template", "mistral_nemo", "--conversation", str(EXAMPLE), "--chat-template", str(template)])
+    err = capsys.readouterr().err
+    assert got == 2, err
+    assert "message 2 (assistant)" in err and "refuses its call ids (call_1, call_2)" in err, err
+    assert "9 letters or digits" in err and "check its keys and values" not in err, err
+
+
 def test_a_template_that_writes_calls_but_not_the_tools_says_where_they_go():
     """DeepSeek V3.1's own template renders tool calls but never the tool schemas; its model card
     puts them in the system message: the refusal says so, and the opt-out builds the env."""
@@ -295,6 +307,25 @@ def test_an_opening_the_model_writes_is_compared_once(name):
     opening = ChatRenderer(tok).assistant_opening
     assert opening and opening.strip()
     assert tm._law(tok, tm.CHAT, None, {}) == "ok"
+
+
+def test_a_tool_results_end_that_history_drops_is_named_and_a_users_is_not():
+    """Bielik 11B v3's template drops the `<|im_end|>` after a tool result once a message follows
+    (it indexes the whole list with a slice's loop index): named. The same slip after a user's
+    message is not that behaviour: it stays a difference tokengym cannot name."""
+    from tokengym.envs import CalculatorEnv
+    from tokengym.envs.function_tools import expand_tools
+
+    name = "Bielik-11B-v3.0-Instruct"
+    tok, _ = tc.corpus_tokenizer(name)
+    schemas = [t.schema for t in expand_tools(CalculatorEnv(tok).static_tools)]
+    assert tm._law(tok, tm.TOOL_CHAT, schemas, {}) == "named: tool_result_end_dropped, whitespace_around_control_token"
+    user_turn = "{{- '<|im_start|>user\\n' + message['content'] + '<|im_end|>\\n' }}"
+    text = tc.template_text(name)
+    assert text.count(user_turn) == 1
+    slip = text.replace(user_turn, "{{- '<|im_start|>user\\n' + message['content'] + ('<|im_end|>\\n' if loop.last else '') }}")
+    tok, _ = tc.corpus_tokenizer(name, slip)
+    assert tm._law(tok, tm.TOOL_CHAT, schemas, {}).startswith("MISMATCH")
 
 
 def test_a_dropped_prompt_preamble_and_moved_whitespace_are_named_together():

@@ -589,6 +589,7 @@ def check_conformance(
         return None
 
     found = classify(expected, rendered_messages)
+    forms: list[Sequence[Message]] = [rendered_messages]
     if found is None and structured and rendered_messages is messages:
         # The template renders the turns as text without raising, but not as the model wrote them
         # (Gemma 4 places tool results inside the turn with calls): render them as a server would.
@@ -596,7 +597,8 @@ def check_conformance(
         # A turn with calls goes back with content null; a template that reads it as text (vLLM's
         # DeepSeek R1 tool template: `'</think>' in content`) is given an empty string instead.
         empty = [{**m, "content": ""} if m.get("tool_calls") and m.get("content") is None else m for m in replaced]
-        for form in (replaced, empty) if empty != replaced else (replaced,):
+        forms += [replaced, empty] if empty != replaced else [replaced]
+        for form in forms[1:]:
             try:
                 found = classify(whole.render(form, tools, add_generation_prompt=not final, keep=remember), form)
             except TemplateError:
@@ -608,7 +610,12 @@ def check_conformance(
         # recipient `all\n`, muse-glimmer's ` to=user<|message|>`) and the template writes it again
         # before the content: rendered as a server hands the turn back (its content without the
         # opening), the conversation may be the stream.
-        found = _without_opening(renderer, whole, rendered_messages, tools, final, remember, classify)
+        # Turns with calls go back as a server hands them too (muse-glimmer's call turn opens with its
+        # recipient, ` to=calculate`, where a plain turn opens with ` to=user<|message|>`).
+        for form in forms:
+            found = _without_opening(renderer, whole, form, tools, final, remember, classify)
+            if found is not None:
+                break
     if found is not None:
         return found
 

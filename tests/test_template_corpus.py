@@ -300,13 +300,18 @@ def test_a_template_that_writes_calls_but_not_the_tools_says_where_they_go():
 def test_an_opening_the_model_writes_is_compared_once(name):
     """Templates whose assistant turn opens with text the model writes (Solar's `<|content|>`,
     functionary's recipient `all\\n`, muse-glimmer's ` to=user<|message|>`) render it again before a
-    message's content: the conversation is compared as a server hands the turn back, without it."""
-    from tokengym.envs import ChatRenderer
+    message's content: the conversation is compared as a server hands the turn back, without it, and
+    so is a turn with calls, which opens otherwise (muse-glimmer's ` to=calculate`, functionary's
+    `>>>calculate`) and goes back as its calls."""
+    from tokengym.envs import CalculatorEnv, ChatRenderer
+    from tokengym.envs.function_tools import expand_tools
 
     tok, _ = tc.corpus_tokenizer(name)
     opening = ChatRenderer(tok).assistant_opening
     assert opening and opening.strip()
     assert tm._law(tok, tm.CHAT, None, {}) == "ok"
+    schemas = [t.schema for t in expand_tools(CalculatorEnv(tok).static_tools)]
+    assert tm._law(tok, tm.TOOL_CHAT, schemas, {}) == "ok"
 
 
 def test_a_tool_results_end_that_history_drops_is_named_and_a_users_is_not():

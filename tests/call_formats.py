@@ -124,6 +124,19 @@ def minimax_m2(calls: Calls) -> str:
     return f"\n<minimax:tool_call>\n{body}</minimax:tool_call>"
 
 
+def muse_glimmer(calls: Calls) -> str:
+    def value(v):
+        return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+
+    body = "".join(
+        f'<atem:function_calls>\n<atem:invoke name="{n}">\n'
+        + "".join(f'<atem:parameter name="{k}">{value(v)}</atem:parameter>\n' for k, v in a.items())
+        + "</atem:invoke>\n</atem:function_calls>"
+        for n, a in calls
+    )
+    return f" to={calls[0][0]}<|message|>{body}"
+
+
 def deepseek_v32(calls: Calls, block: str = "function_calls") -> str:
     def parameter(k, v):
         text, kind = (v, "true") if isinstance(v, str) else (json.dumps(v, ensure_ascii=False), "false")
@@ -151,6 +164,7 @@ FORMATS = {
     "gemma4": gemma4,
     "harmony": harmony,
     "minimax_m2": minimax_m2,
+    "muse_glimmer": muse_glimmer,
     "deepseek_v32": deepseek_v32,
 }
 """One writer per registered family (the name its parser is registered under)."""

@@ -204,6 +204,14 @@ def dsml(calls: list[Call]) -> str:
     return "<｜DSML｜function_calls>\n" + "".join(one(n, a) for n, a in calls) + "</｜DSML｜function_calls>"
 
 
+def muse_glimmer(calls: list[Call]) -> str:
+    def one(n: str, a: dict[str, Any]) -> str:
+        params = "".join(f'<atem:parameter name="{k}">{_text_value(v)}</atem:parameter>\n' for k, v in a.items())
+        return f' to={n}<|message|><atem:function_calls>\n<atem:invoke name="{n}">\n{params}</atem:invoke>\n</atem:function_calls><|eom|>'
+
+    return "<|start|>assistant".join(one(n, a) for n, a in calls)
+
+
 def gemma4(calls: list[Call]) -> str:
     return "".join(f"<|tool_call>call:{n}{_gemma(a)}<tool_call|>" for n, a in calls)
 
@@ -307,6 +315,17 @@ FORMATS: dict[str, Format] = {
         "</｜DSML｜function_calls>",
         unclosed='<｜DSML｜function_calls>\n<｜DSML｜invoke name="calculate">\n<｜DSML｜parameter name="expression" string="true">'
         "12 * (3 + 4)</｜DSML｜parameter>\n",
+    ),
+    "muse_glimmer": Format(
+        "muse_glimmer", "muse_glimmer", "qwen3", muse_glimmer,
+        broken=' to=search<|message|><atem:function_calls>\n<atem:invoke name="search">\n<atem:parameter name="query">tides'
+        '</atem:parameter>\n<atem:parameter name="limit">three</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eom|>',
+        unclosed=' to=calculate<|message|><atem:function_calls>\n<atem:invoke name="calculate">\n'
+        '<atem:parameter name="expression">12 * (3 + 4)</atem:parameter>\n',
+        added_tokens=("<|start|>", "<|message|>", "<|eom|>", "<|eot|>"),
+        before=" to=self<|message|>I will work it out with the tool.<|eom|><|start|>assistant",
+        after="<|start|>assistant to=user<|message|>The tool will give the answer.<|eot|>",
+        sep="<|start|>assistant",
     ),
     "gemma4": Format(
         "gemma4", "gemma4", "gemma3", gemma4,

@@ -149,6 +149,7 @@ from tokengym.envs import (  # noqa: E402
     DeepSeekParser,
     DSMLParser,
     MiniMaxM2Parser,
+    AtemParser,
     Gemma4Parser,
     GLMParser,
     GraniteParser,
@@ -188,7 +189,7 @@ def test_every_family_is_registered_under_its_names():
         "kimi_k2": KimiK2Parser, "kimi": KimiK2Parser,
         "glm45": GLMParser, "glm47": GLMParser, "glm": GLMParser, "glm4_moe": GLMParser,
         "harmony": HarmonyParser, "gpt_oss": HarmonyParser, "openai": HarmonyParser, "gemma4": Gemma4Parser,
-        "minimax_m2": MiniMaxM2Parser, "minimax": MiniMaxM2Parser,
+        "minimax_m2": MiniMaxM2Parser, "minimax": MiniMaxM2Parser, "muse_glimmer": AtemParser, "atem": AtemParser,
         "deepseek_v32": DSMLParser, "deepseek_v4": DSMLParser, "dsml": DSMLParser,
     }
     for name, cls in expected.items():
@@ -221,6 +222,7 @@ AROUND = {
     "gemma4": ("I will add.", "<|tool_response>"),
     "harmony": ("<|channel|>analysis<|message|>I add.<|end|>", ""),
     "minimax_m2": ("<think>\nI add.\n</think>\n\nAdding.", ""),
+    "muse_glimmer": ("<|start|>assistant to=self<|message|>I add.<|eom|><|start|>assistant", ""),
     "deepseek_v32": ("</think>I add.", ""),
 }
 
@@ -230,6 +232,18 @@ def test_each_format_allows_its_text_before_and_after(family):
     text = AROUND[family][0] + FORMATS[family](TWO) + AROUND[family][1]
     parsed = get_parser(family).parse(text, tools=SCHEMAS)
     assert [(p.name, p.arguments) for p in parsed] == TWO and all(p.ok for p in parsed)
+
+
+def test_atem_calls_are_read_in_messages_to_a_tool_only():
+    """muse-glimmer's invoke blocks count in a message to a tool, not in its reasoning (to=self)
+    or its answer (to=user), as vLLM's muse_glimmer parser reads them."""
+    call = '<atem:function_calls>\n<atem:invoke name="add">\n<atem:parameter name="a">1</atem:parameter>\n</atem:invoke>\n</atem:function_calls>'
+    parser = get_parser("muse_glimmer")
+    assert parser.parse(f" to=self<|message|>I could write {call}<|eom|>") == []
+    assert parser.parse(f" to=user<|message|>Like this: {call}<|eot|>") == []
+    ((name, args),) = [(p.name, p.arguments) for p in parser.parse(f" to=self<|message|>{call}<|eom|><|start|>assistant to=add<|message|>{call}<|eom|>")]
+    assert (name, args) == ("add", {"a": 1})
+    assert [p.name for p in parser.parse(call)] == ["add"]  # no headers: the turn is read whole
 
 
 def test_wrapped_forms_and_fences():
@@ -377,6 +391,10 @@ MALFORMED = {
         ('<invoke name="add">words</invoke>', "text that is not a <parameter"),
         ('<invoke name="add"><parameter name="a">1</parameter><parameter name="a">2</parameter></invoke>', 'gives parameter "a" twice'),
     ],
+    "muse_glimmer": [
+        ('<atem:invoke name="add"><atem:parameter name="a">1</atem:parameter>', "is not closed"),
+        ('<atem:invoke name="add"><parameter name="a">1</parameter></atem:invoke>', "text that is not a <atem:parameter"),
+    ],
     "deepseek_v32": [
         ('<｜DSML｜invoke name="add">\n<｜DSML｜parameter name="a" string="false">1</｜DSML｜parameter>\n', "is not closed"),
         ('<｜DSML｜invoke name="add">\n<parameter name="a">1</parameter>\n</｜DSML｜invoke>', "text that is not a <｜DSML｜parameter"),
@@ -414,7 +432,7 @@ def test_pathological_input_never_raises_in_any_parser(family, kind):
     assert len(parsed) == 1
     (call,) = parsed
     if call.ok:  # only where values are text (Qwen3-Coder, GLM): what does not read as the schema's type is kept
-        assert family in ("qwen3_coder", "glm45", "gemma4", "minimax_m2", "deepseek_v32") and call.arguments["a"] == raw
+        assert family in ("qwen3_coder", "glm45", "gemma4", "minimax_m2", "muse_glimmer", "deepseek_v32") and call.arguments["a"] == raw
     else:
         assert call.error.endswith(parser.hint) and len(call.error) < 600
         assert any(w in call.error for w in ("nested", "digits", "too large", "levels deep")), call.error

@@ -120,7 +120,7 @@ def test_every_family_agrees_with_vllm_except_where_the_page_says_why():
     assert agree == counts, (agree, counts)
     total = re.search(r"In all, (\d+) of (\d+) turns agree", DOCS.read_text(encoding="utf-8"))
     assert total and (int(total[1]), int(total[2])) == (sum(agree.values()), sum(map(len, measured.values())))
-    assert set(agree) == set(FORMATS) and len(FORMATS) >= 15
+    assert set(agree) == set(FORMATS) and len(FORMATS) >= 17
 
 
 def test_both_parsers_read_every_well_formed_turn_as_its_calls():

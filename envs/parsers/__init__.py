@@ -26,6 +26,7 @@ Each parser knows one model family's format (registered names, aliases in bracke
   ``<|start|>assistant to=functions.NAME<|channel|>commentary <|constrain|>json<|message|>{json}<|call|>``;
   it also splits a turn into analysis, answer and call (:meth:`~HarmonyParser.split_message`);
 * ``"gemma4"``: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>`` in Gemma's own argument notation;
+* ``"muse_glimmer"`` (``"atem"``): ``<atem:function_calls>\n<atem:invoke name="NAME">\n<atem:parameter name="KEY">VALUE</atem:parameter>\n</atem:invoke>\n</atem:function_calls>``;
 * ``"minimax_m2"`` (``"minimax"``): ``<minimax:tool_call>\n<invoke name="NAME"><parameter name="KEY">VALUE</parameter>\n</invoke>\n</minimax:tool_call>``;
 * ``"deepseek_v32"`` (``"deepseek_v4"``, ``"dsml"``): DeepSeek V3.2's and V4's DSML,
   ``<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="KEY" string="true">VALUE</｜DSML｜parameter>\n</｜DSML｜invoke>``
@@ -55,7 +56,7 @@ from .hermes import HermesParser
 from .gemma4 import Gemma4Parser
 from .glm import GLMParser
 from .harmony import HarmonyParser
-from .invoke import DSMLParser, MiniMaxM2Parser
+from .invoke import AtemParser, DSMLParser, MiniMaxM2Parser
 from .kimi_k2 import KimiK2Parser
 from .llama3_json import Llama3JsonParser
 from .mistral import MistralParser
@@ -67,6 +68,7 @@ from .xlam import XLAMParser
 # ``Schemas`` (the type of ``tools=``) is an attribute here too, outside ``__all__``.
 
 __all__ = [
+    "AtemParser",
     "CALL_MARKERS",
     "MAX_ARGUMENT_DEPTH",
     "PARSERS",

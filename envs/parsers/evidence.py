@@ -29,6 +29,7 @@ CALL_MARKERS: tuple[str, ...] = (
     "<|tool_call>",
     "<minimax:tool_call>",
     "<｜DSML｜invoke",
+    "<atem:invoke",
 )
 
 

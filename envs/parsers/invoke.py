@@ -13,7 +13,9 @@ and DeepSeek V3.2's and V4's DSML, registered as ``"deepseek_v32"`` (``"deepseek
     </｜DSML｜invoke>
     </｜DSML｜function_calls>
 
-(V4 names the block ``tool_calls``). Both templates write a string argument as its text and
+(V4 names the block ``tool_calls``), and muse-glimmer's ATEM calls, registered as ``"muse_glimmer"``
+(``"atem"``): ``<atem:function_calls>`` of ``<atem:invoke name="NAME">`` blocks with ``<atem:parameter>``s,
+in a message to the tool (`` to=NAME<|message|>``). The templates write a string argument as its text and
 anything else as JSON; DSML says which with ``string="true|false"``. A value that is not marked
 as a string becomes the tool schema's type when the schemas are passed, else its JSON when it
 reads as JSON, else its text (the argument check then says what was expected).
@@ -28,7 +30,7 @@ from typing import Any, ClassVar
 from .base import ParsedCall, Schemas, ToolCallParser, skip_space
 from .glm import text_or_json
 
-__all__ = ["DSMLParser", "MiniMaxM2Parser"]
+__all__ = ["AtemParser", "DSMLParser", "MiniMaxM2Parser"]
 
 
 class _InvokeParser(ToolCallParser):
@@ -115,4 +117,27 @@ class DSMLParser(_InvokeParser):
         'Write each call as <｜DSML｜function_calls>\n<｜DSML｜invoke name="TOOL_NAME">\n'
         '<｜DSML｜parameter name="ARG_NAME" string="true">text</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
         '</｜DSML｜function_calls> (string="false" and JSON for numbers, booleans, lists and objects).'
+    )
+
+
+_ATEM_HEADER = re.compile(r"(?:<\|start\|>assistant)?[ \t]*to=([^\s<]+)[ \t]*<\|message\|>")
+
+
+class AtemParser(_InvokeParser):
+    """muse-glimmer's ATEM ``<atem:invoke>`` calls, read in the turn's messages to a tool only: an
+    invoke in its reasoning (`` to=self``) or its answer (`` to=user``) is text, as vLLM's
+    ``muse_glimmer`` parser reads it. A turn without message headers is read whole."""
+
+    name = "muse_glimmer"
+    prefix = "atem:"
+
+    def _parse(self, text: str, schemas: Schemas) -> list[ParsedCall]:
+        heads = list(_ATEM_HEADER.finditer(text))
+        if heads:
+            ends = [h.start() for h in heads[1:]] + [len(text)]
+            text = "\n".join(text[h.end() : end] for h, end in zip(heads, ends) if h.group(1) not in ("self", "user"))
+        return super()._parse(text, schemas)
+    hint = (
+        'Write each call as <atem:function_calls>\n<atem:invoke name="TOOL_NAME">\n'
+        '<atem:parameter name="ARG_NAME">value</atem:parameter>\n</atem:invoke>\n</atem:function_calls>.'
     )

@@ -20,7 +20,7 @@ from .glm import GLMParser
 from .granite import GraniteParser
 from .harmony import HarmonyParser
 from .hermes import HermesParser
-from .invoke import DSMLParser, MiniMaxM2Parser
+from .invoke import AtemParser, DSMLParser, MiniMaxM2Parser
 from .kimi_k2 import KimiK2Parser
 from .llama3_json import Llama3JsonParser
 from .mistral import MistralParser
@@ -59,6 +59,8 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "openai": HarmonyParser,
     "minimax_m2": MiniMaxM2Parser,
     "minimax": MiniMaxM2Parser,
+    "muse_glimmer": AtemParser,
+    "atem": AtemParser,
     "deepseek_v32": DSMLParser,
     "deepseek_v4": DSMLParser,
     "dsml": DSMLParser,
@@ -92,6 +94,7 @@ _DETECTION: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kimi_k2", ("<|tool_calls_section_begin|>",)),
     ("deepseek_v32", ("｜DSML｜",)),
     ("minimax_m2", ("<minimax:tool_call>",)),
+    ("muse_glimmer", ("<atem:function_calls>",)),
     ("deepseek_v3", ("tool▁calls▁begin", "tool▁call▁begin")),
     ("mistral", ("[TOOL_CALLS]",)),
     ("granite", ("<|tool_call|>",)),

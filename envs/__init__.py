@@ -14,6 +14,7 @@ from .chat import AssistantTurn, ChatEnv, EnvResponse, Prompt, token_space
 from .conformance import Conformance, ConformanceError, ConformanceSchedule, KnownBehaviour
 from .parsers import (
     PARSERS,
+    AtemParser,
     DSMLParser,
     DeepSeekParser,
     GraniteParser,
@@ -24,7 +25,6 @@ from .parsers import (
     HermesParser,
     Llama3JsonParser,
     MiniMaxM2Parser,
-    AtemParser,
     MistralParser,
     ParsedCall,
     ParserDetection,
@@ -72,6 +72,7 @@ __all__ = [
     "PARSERS",
     "PINNED_TOKENIZERS",
     "AdditionEnv",
+    "AtemParser",
     "AssistantTurn",
     "CalculatorEnv",
     "CallRecord",
@@ -95,7 +96,6 @@ __all__ = [
     "KnownBehaviour",
     "Llama3JsonParser",
     "MiniMaxM2Parser",
-    "AtemParser",
     "Message",
     "MistralParser",
     "ParsedCall",

@@ -387,6 +387,11 @@ def _trimmed_actions(pieces: Sequence[Piece], ends: Sequence[str]) -> tuple[list
     return texts, tuple(sorted(turns))
 
 
+def _respaced_turns(pieces: Sequence[Piece], controls: Any) -> set[int]:
+    """The turns whose action text has whitespace next to a control token (what :func:`_squeeze` takes off)."""
+    return {p.turn for p in pieces if p.kind == "action" and p.text != _squeeze(p.text, controls)}
+
+
 def _squeeze(text: str, controls: Any) -> str:
     """``text`` without the whitespace next to control tokens (and at its ends)."""
     if controls is None:
@@ -559,18 +564,16 @@ def check_conformance(
         if turns and _matches("".join(trimmed), expected, final, ends):
             return known((KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN,), turns)
         if _matches(_squeeze(actual, controls), _squeeze(expected, controls), final, ends):
-            turns = tuple(sorted({p.turn for p in pieces if p.kind == "action" and p.text != _squeeze(p.text, controls)} or {turn}))
-            return known((KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN,), turns)
+            return known((KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN,), tuple(sorted(_respaced_turns(pieces, controls) or {turn})))
         cut, cut_turns = _tool_result_ends_dropped(pieces, ends)
         if cut_turns:
             if _matches("".join(cut), expected, final, ends):
                 return known((KnownBehaviour.TOOL_RESULT_END_DROPPED,), cut_turns)
             if _matches(_squeeze("".join(cut), controls), _squeeze(expected, controls), final, ends):
                 # Bielik 11B v3 also strips the line break it writes before a call in history.
-                moved = {p.turn for p in pieces if p.kind == "action" and p.text != _squeeze(p.text, controls)}
                 return known(
                     (KnownBehaviour.TOOL_RESULT_END_DROPPED, KnownBehaviour.WHITESPACE_AROUND_CONTROL_TOKEN),
-                    tuple(sorted({*cut_turns, *moved})),
+                    tuple(sorted({*cut_turns, *_respaced_turns(pieces, controls)})),
                 )
         if dropped is not None and _matches(_squeeze("".join(dropped[1]), controls), _squeeze(expected, controls), final, ends):
             # Both at once: the prompt's text that history drops, and whitespace the template moves

@@ -60,6 +60,21 @@ def request():
     return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=TOOLS)
 
 
+@lru_cache(maxsize=1)
+def harmony_parser() -> type:
+    """vLLM's Harmony parser with gpt-oss's tool and reasoning parsers, as its server builds it
+    (its ``openai`` tool parser is a stub that names this one)."""
+    from vllm.parser.harmony import HarmonyParser
+    from vllm.reasoning.gptoss_reasoning_parser import GptOssReasoningParser
+    from vllm.tool_parsers.gptoss_tool_parser import GptOssToolParser
+
+    class Harmony(HarmonyParser):
+        tool_parser_cls = GptOssToolParser
+        reasoning_parser_cls = GptOssReasoningParser
+
+    return Harmony
+
+
 def _arguments(text: str) -> Any:
     try:
         return json.loads(text)
@@ -71,16 +86,8 @@ def vllm_calls(fmt: Format, text: str) -> Calls:
     """The calls vLLM's parser for ``fmt`` reads in ``text``: what its server returns as ``tool_calls``."""
     tok, req = tokenizer(fmt.tokenizer, fmt.added_tokens), request()
     if fmt.vllm == "openai":
-        from vllm.parser.harmony import HarmonyParser
-        from vllm.reasoning.gptoss_reasoning_parser import GptOssReasoningParser
-        from vllm.tool_parsers.gptoss_tool_parser import GptOssToolParser
-
-        class Harmony(HarmonyParser):
-            tool_parser_cls = GptOssToolParser
-            reasoning_parser_cls = GptOssReasoningParser
-
         ids = tok.encode(text, add_special_tokens=False)
-        _, _, calls = Harmony(tok, req.tools).parse(text, req, model_output_token_ids=ids)
+        _, _, calls = harmony_parser()(tok, req.tools).parse(text, req, model_output_token_ids=ids)
         return tuple((c.name, _arguments(c.arguments)) for c in calls or ())
     from vllm.tool_parsers import ToolParserManager
 

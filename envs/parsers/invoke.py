@@ -130,6 +130,10 @@ class AtemParser(_InvokeParser):
 
     name = "muse_glimmer"
     prefix = "atem:"
+    hint = (
+        'Write each call as <atem:function_calls>\n<atem:invoke name="TOOL_NAME">\n'
+        '<atem:parameter name="ARG_NAME">value</atem:parameter>\n</atem:invoke>\n</atem:function_calls>.'
+    )
 
     def _parse(self, text: str, schemas: Schemas) -> list[ParsedCall]:
         heads = list(_ATEM_HEADER.finditer(text))
@@ -137,7 +141,3 @@ class AtemParser(_InvokeParser):
             ends = [h.start() for h in heads[1:]] + [len(text)]
             text = "\n".join(text[h.end() : end] for h, end in zip(heads, ends) if h.group(1) not in ("self", "user"))
         return super()._parse(text, schemas)
-    hint = (
-        'Write each call as <atem:function_calls>\n<atem:invoke name="TOOL_NAME">\n'
-        '<atem:parameter name="ARG_NAME">value</atem:parameter>\n</atem:invoke>\n</atem:function_calls>.'
-    )
